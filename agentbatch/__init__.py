@@ -1,0 +1,32 @@
+"""agentbatch: run large batches of tool-using LLM agents.
+
+Input list in, structured result list out, each result streamed as its agent finishes.
+Embedded on asyncio by default; distributed over Celery + Redis when a Redis URL is given.
+"""
+
+from .api import arun_batch, asubmit_batch, get_batch, run_batch, submit_batch
+from .errors import (
+    AgentBatchError,
+    BackendError,
+    BatchLost,
+    BatchSpecError,
+    ConfigError,
+    ToolError,
+)
+from .orchestrator.handle import BatchHandle
+from .results import AgentError, AgentResult, ToolCallRecord
+from .toolpool import Tool, ToolContext, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # running batches
+    "submit_batch", "asubmit_batch", "run_batch", "arun_batch", "get_batch", "BatchHandle",
+    # results
+    "AgentResult", "AgentError", "ToolCallRecord",
+    # tools
+    "Tool", "tool", "ToolContext",
+    # errors
+    "AgentBatchError", "BatchSpecError", "BackendError", "ConfigError", "ToolError",
+    "BatchLost",
+]

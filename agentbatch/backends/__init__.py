@@ -1,0 +1,29 @@
+"""Inference backends: one small ``Backend`` protocol, chosen by URL scheme.
+
+HTTP drivers are imported on first use via ``backend_from_url``; importing this package is
+cheap and needs no optional dependency.
+"""
+
+from .aimd import AdaptiveBackend, AIMDController
+from .base import Backend, BackendCapabilities, ServerLoad
+from .pool import EndpointPool, parse_hostfile
+from .registry import backend_from_url, register_driver
+from .retry import RetryingBackend, RetryPolicy
+from .urls import KNOWN_SCHEMES, BackendTarget, parse_backend_url
+
+__all__ = [
+    "KNOWN_SCHEMES",
+    "AIMDController",
+    "AdaptiveBackend",
+    "Backend",
+    "BackendCapabilities",
+    "BackendTarget",
+    "EndpointPool",
+    "RetryPolicy",
+    "RetryingBackend",
+    "ServerLoad",
+    "backend_from_url",
+    "parse_backend_url",
+    "parse_hostfile",
+    "register_driver",
+]

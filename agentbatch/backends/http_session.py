@@ -1,0 +1,181 @@
+"""One pooled, loop-bound httpx client per HTTP backend, and JSON/SSE POSTs mapped to our errors.
+
+Shared by the OpenAI-compatible and Anthropic drivers so both classify failures identically.
+The client is created lazily inside the running event loop (and re-created if the backend is
+later used from a different loop), because an httpx client is bound to the loop it first ran
+on. Thousands of concurrent turns ride one pool of HTTP/1.1 keep-alive connections instead of
+opening a socket per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from ..errors import BackendTimeout, BadRequest, ServerError
+from .http_errors import error_for_exception, error_for_status, redact
+
+CONNECT_TIMEOUT_S = 10.0
+# Below uvicorn's 5 s keep-alive default, so we rarely reuse a socket the server just closed.
+KEEPALIVE_EXPIRY_S = 4.0
+
+
+def encode_json(body: dict[str, Any], who: str) -> bytes:
+    """Request bytes; a body that cannot be JSON is the caller's bug, so ``BadRequest``."""
+    try:
+        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"{who}: request is not JSON-serializable: {exc}") from None
+
+
+class HttpSession:
+    """A lazily created ``httpx.AsyncClient`` plus error mapping; ``secret`` is scrubbed."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        who: str,
+        headers: dict[str, str],
+        timeout: float,
+        max_connections: int,
+        secret: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.who = who
+        self.headers = headers
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.secret = secret
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.requests_sent = 0
+
+    def client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            self._http = httpx.AsyncClient(
+                headers=self.headers,
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=self.max_connections,
+                    keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                ),
+                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_S)),
+                transport=self._transport,
+            )
+            self._loop = loop
+        return self._http
+
+    def _per_op(self, timeout: float) -> httpx.Timeout:
+        return httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+
+    def _check(self, resp: httpx.Response) -> None:
+        if not 200 <= resp.status_code < 300:
+            raise error_for_status(
+                resp.status_code, resp.headers, resp.content, who=self.who, secret=self.secret
+            )
+
+    async def post_json(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+    ) -> Any:
+        """POST ``body``; the decoded JSON reply, or the mapped ``BackendError``.
+
+        ``timeout`` bounds the whole exchange, not just each socket read.
+        """
+        payload = encode_json(body, self.who)
+        headers = {"Content-Type": "application/json", **headers}
+        client = self.client()
+        self.requests_sent += 1
+        try:
+            resp = await asyncio.wait_for(
+                client.post(
+                    self.base_url + path, content=payload, headers=headers,
+                    timeout=self._per_op(timeout),
+                ),
+                timeout,
+            )
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
+        except httpx.HTTPError as exc:
+            raise error_for_exception(exc, who=self.who, secret=self.secret) from None
+        self._check(resp)
+        try:
+            return resp.json()
+        except ValueError:
+            snippet = redact(resp.text[:200], self.secret)
+            raise ServerError(
+                f"{self.who}: HTTP {resp.status_code} body is not JSON: {snippet!r}",
+                status=resp.status_code,
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def post_lines(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+    ) -> AsyncIterator[AsyncIterator[str]]:
+        """POST ``body`` and yield the response's text lines as they arrive (for SSE).
+
+        Transport failures, including those while reading the stream, become ``BackendError``s;
+        the caller bounds the total time (it owns the loop that reads the lines).
+        """
+        payload = encode_json(body, self.who)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        client = self.client()
+        self.requests_sent += 1
+        request = client.build_request(
+            "POST", self.base_url + path, content=payload, headers=headers,
+            timeout=self._per_op(timeout),
+        )
+        try:
+            resp = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise error_for_exception(exc, who=self.who, secret=self.secret) from None
+        try:
+            if not 200 <= resp.status_code < 300:
+                await resp.aread()
+                self._check(resp)
+            yield self._lines(resp)
+        finally:
+            await resp.aclose()
+
+    async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:
+        try:
+            async for line in resp.aiter_lines():
+                yield line
+        except httpx.HTTPError as exc:
+            raise error_for_exception(exc, who=self.who, secret=self.secret) from None
+
+    async def get_status(self, path: str, timeout: float) -> int | None:
+        """The status of ``GET path``; None when the server does not answer at all."""
+        try:
+            resp = await asyncio.wait_for(
+                self.client().get(self.base_url + path, timeout=self._per_op(timeout)), timeout
+            )
+        except (asyncio.TimeoutError, httpx.HTTPError):
+            return None
+        return resp.status_code
+
+    async def get_text(self, path: str, timeout: float) -> str | None:
+        """The body of ``GET path`` when it answers 200; None otherwise (never raises)."""
+        try:
+            resp = await asyncio.wait_for(
+                self.client().get(self.base_url + path, timeout=self._per_op(timeout)), timeout
+            )
+        except (asyncio.TimeoutError, httpx.HTTPError):
+            return None
+        return resp.text if resp.status_code == 200 else None
+
+    async def aclose(self) -> None:
+        """Close the pooled connections. Safe to call twice, or before first use."""
+        client, self._http, self._loop = self._http, None, None
+        if client is not None:
+            # RuntimeError: created on a loop that is gone, and its sockets went with it.
+            with contextlib.suppress(RuntimeError):
+                await client.aclose()

@@ -1,0 +1,338 @@
+"""The OpenAI-compatible chat-completions backend (vLLM, SGLang, Dynamo, the simulator, OpenAI).
+
+One pooled HTTP client per backend (``HttpSession``) is shared by every agent. Non-streaming
+requests keep the hot path simple; ``stream=True`` trades a little parsing for a measured
+time-to-first-token and tool calls that can start before the reply ends (``sse.py``). The total
+per-turn deadline is enforced around the whole exchange, not just per socket read.
+``complete_batch`` sends many single-shot prompts as one ``/v1/completions`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from ..errors import BackendError, BackendTimeout, ServerError
+from ..model_io import ModelRequest, ModelResponse
+from .base import BackendCapabilities, ServerLoad
+from .batch_prompting import completions_body, parse_completions
+from .http_session import HttpSession
+from .openai_parse import parse_chat_completion
+from .prom import PrefixCounters, parse_server_load
+from .sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, ToolCallListener
+from .urls import OPENAI_HOST, BackendTarget, parse_backend_url
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0
+METRICS_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 5.0
+
+_SELF_HOSTED = BackendCapabilities(
+    native_json_schema=True, prefix_cache_metrics=True, prefix_warming=True, batch_prompting=True
+)
+CAPABILITIES: dict[str, BackendCapabilities] = {
+    "vllm": _SELF_HOSTED,
+    "sglang": _SELF_HOSTED,
+    "sim": _SELF_HOSTED,
+    "dynamo": BackendCapabilities(native_json_schema=True, prefix_warming=True, agent_hints=True),
+    "openai": BackendCapabilities(native_json_schema=True, max_safe_concurrency=64),
+    # A generic OpenAI-compatible server: most honour json_schema; assume nothing else.
+    "http": BackendCapabilities(native_json_schema=True),
+}
+
+_SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _header_safe(value: str) -> str:
+    """Header values must be single-line ASCII; ids are ours, so drop anything else."""
+    return "".join(ch for ch in value if 32 <= ord(ch) < 127)
+
+
+def response_format(json_schema: dict[str, Any]) -> dict[str, Any]:
+    """``ModelRequest.json_schema`` as an OpenAI ``response_format`` (a bare schema is accepted)."""
+    schema = json_schema.get("schema") if "schema" in json_schema else json_schema
+    name = _SCHEMA_NAME_RE.sub("_", str(json_schema.get("name") or "output"))[:64]
+    spec: dict[str, Any] = {"name": name or "output", "schema": schema}
+    if "strict" in json_schema:
+        spec["strict"] = bool(json_schema["strict"])
+    return {"type": "json_schema", "json_schema": spec}
+
+
+class OpenAICompatBackend:
+    """``Backend`` over ``POST {base}/v1/chat/completions``.
+
+    ``stream=True`` asks for SSE (with ``stream_options.include_usage``) and fills
+    ``ModelResponse.ttft_s``; ``on_tool_call`` (or, per task, the ``sse.ON_TOOL_CALL`` context
+    variable, which wins) hears each tool call as soon as its arguments are complete.
+    """
+
+    def __init__(
+        self,
+        target: BackendTarget | str,
+        *,
+        timeout: float | None = None,
+        max_connections: int = 1000,
+        api_key: str | None = None,
+        capabilities: BackendCapabilities | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        stream: bool = False,
+        on_tool_call: ToolCallListener | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if isinstance(target, str):
+            target = parse_backend_url(target, api_key=api_key)
+        if max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        self.target = target
+        self.name = target.display
+        self.capabilities = capabilities or CAPABILITIES.get(target.scheme, CAPABILITIES["http"])
+        self.timeout = float(timeout) if timeout else DEFAULT_TIMEOUT_S
+        self.max_connections = max_connections
+        self.stream = stream
+        self.on_tool_call = on_tool_call
+        self._clock = clock
+        self._api_key = api_key or target.api_key
+        headers = {"User-Agent": "agentbatch"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        self._session = HttpSession(
+            target.base_url,
+            who=self.name,
+            headers=headers,
+            timeout=self.timeout,
+            max_connections=max_connections,
+            secret=self._api_key,
+            transport=transport,
+        )
+        self._prefix_counters: PrefixCounters | None = None
+        # OpenAI's reasoning models reject max_tokens; every other server expects it.
+        self._max_tokens_field = (
+            "max_completion_tokens" if target.host == OPENAI_HOST else "max_tokens"
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.target.base_url
+
+    @property
+    def requests_sent(self) -> int:
+        """HTTP requests sent for model calls (chat, streamed or batched), for stats."""
+        return self._session.requests_sent
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # -- hooks for scheme-specific behaviour -------------------------------------------------
+
+    def _extra_body(self, request: ModelRequest) -> dict[str, Any]:
+        """Scheme-specific request fields (e.g. Dynamo's ``nvext``); none by default."""
+        return {}
+
+    def _extra_headers(self, request: ModelRequest) -> dict[str, str]:
+        """Scheme-specific request headers; none by default."""
+        return {}
+
+    # -- Backend protocol -------------------------------------------------------------------
+
+    def build_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body for one chat-completions call (public so engines/tests can inspect it)."""
+        body: dict[str, Any] = {
+            "model": request.model or self.target.model or "",
+            "messages": request.messages,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+            if request.tool_choice is not None:  # OpenAI rejects tool_choice without tools
+                body["tool_choice"] = request.tool_choice
+        if request.max_tokens is not None:
+            body[self._max_tokens_field] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.json_schema and self.capabilities.native_json_schema:
+            body["response_format"] = response_format(request.json_schema)
+        body.update(self._extra_body(request))
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def _headers(self, request: ModelRequest) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if request.request_id:
+            headers["X-Request-Id"] = _header_safe(request.request_id)
+        headers.update(self._extra_headers(request))
+        return headers
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One model turn. Raises ``BackendError`` subclasses, never httpx exceptions."""
+        timeout = request.timeout_s or self.timeout
+        if self.stream:
+            return await self._complete_streaming(request, timeout)
+        body = await self._session.post_json(
+            "/v1/chat/completions", self.build_body(request), self._headers(request), timeout
+        )
+        return parse_chat_completion(body, request_id=request.request_id, who=self.name)
+
+    async def _complete_streaming(self, request: ModelRequest, timeout: float) -> ModelResponse:
+        assembler = StreamAssembler(
+            request_id=request.request_id,
+            on_tool_call=ON_TOOL_CALL.get() or self.on_tool_call,
+            who=self.name,
+        )
+        decoder = SSEDecoder()
+        started = self._clock()
+        ttft: float | None = None
+
+        def feed(events: list[str]) -> None:
+            nonlocal ttft
+            for data in events:
+                if assembler.feed_data(data) and ttft is None:
+                    ttft = self._clock() - started
+
+        async def read() -> None:
+            async with self._session.post_lines(
+                "/v1/chat/completions", self.build_body(request), self._headers(request), timeout
+            ) as lines:
+                async for line in lines:
+                    feed(decoder.feed(line))
+                    if assembler.done:
+                        return
+            feed(decoder.flush())
+
+        try:
+            await asyncio.wait_for(read(), timeout)
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.name}: stream not finished within {timeout:g}s") from None
+        if not assembler.done and assembler.finish_reason is None:
+            raise ServerError(f"{self.name}: stream ended before [DONE]", status=200)
+        response = assembler.finish()
+        response.ttft_s = ttft
+        return response
+
+    async def warm(self, request: ModelRequest) -> None:
+        """Send the shared prefix once (``max_tokens=1``) so the fan-out hits a warm cache."""
+        update: dict[str, Any] = {"max_tokens": 1, "json_schema": None}
+        if request.request_id:
+            update["request_id"] = f"{request.request_id}:warm"
+        await self.complete(request.model_copy(update=update))
+
+    async def health(self) -> bool:
+        """Whether the server answers: ``GET /health`` is 200, else ``GET /v1/models`` is.
+
+        Never raises; the endpoint pool uses it to re-admit an ejected server.
+        """
+        status = await self._session.get_status("/health", HEALTH_TIMEOUT_S)
+        if status is None:
+            return False
+        if status == 200:
+            return True
+        return await self._session.get_status("/v1/models", HEALTH_TIMEOUT_S) == 200
+
+    async def fetch_load(self) -> ServerLoad | None:
+        """The server's own queue from ``{base}/metrics``; None when it has none to offer.
+
+        Never raises: load is advisory, and a down server shows up in ``complete`` anyway.
+        """
+        if self.target.scheme == "openai":
+            return None
+        text = await self._session.get_text("/metrics", METRICS_TIMEOUT_S)
+        if text is None:
+            log.debug("%s: /metrics unavailable", self.name)
+            return None
+        load, counters = parse_server_load(text, self._prefix_counters)
+        if counters is not None:
+            self._prefix_counters = counters
+        return load
+
+    # -- batch prompting --------------------------------------------------------------------
+
+    async def complete_batch(
+        self,
+        prompts: list[str],
+        *,
+        model: str,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        json_schema: dict[str, Any] | None = None,
+        request_id: str = "",
+    ) -> list[ModelResponse | BackendError]:
+        """Complete ``prompts`` with ONE ``/v1/completions`` call; a result or error per prompt.
+
+        If the batched call fails for any reason, each prompt is retried alone (concurrently),
+        so one bad prompt never fails its siblings. Never raises ``BackendError``.
+        """
+        if not prompts:
+            return []
+        fmt = (
+            response_format(json_schema)
+            if json_schema and self.capabilities.native_json_schema
+            else None
+        )
+
+        async def send(prompt: str | list[str], rid: str) -> list[ModelResponse]:
+            body = completions_body(
+                prompt, model=model or self.target.model or "", max_tokens=max_tokens,
+                temperature=temperature, response_format=fmt,
+            )
+            headers = {"X-Request-Id": _header_safe(rid)} if rid else {}
+            reply = await self._session.post_json("/v1/completions", body, headers, self.timeout)
+            return parse_completions(reply, prompt if isinstance(prompt, list) else [prompt],
+                                     who=self.name)
+
+        if len(prompts) > 1:
+            try:
+                return list(await send(list(prompts), request_id))
+            except BackendError as exc:
+                log.info("%s: batched completion of %d prompts failed (%s); sending singly",
+                         self.name, len(prompts), exc.kind)
+
+        async def one(i: int, prompt: str) -> ModelResponse | BackendError:
+            try:
+                return (await send(prompt, f"{request_id}:{i}" if request_id else ""))[0]
+            except BackendError as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    async def aclose(self) -> None:
+        """Close the pooled connections. Safe to call twice, or before first use."""
+        await self._session.aclose()
+
+    async def __aenter__(self) -> OpenAICompatBackend:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class DynamoBackend(OpenAICompatBackend):
+    """NVIDIA Dynamo frontend: OpenAI-compatible plus per-request agent hints.
+
+    We send ``nvext.agent_hints`` = {turns_left, speculative_prefill, osl} and the agent's
+    stable key as ``x-dynamo-session-id``. ``agent_hints.turns_left`` is what agentbatch's own
+    docs promise (the predecessor SDK sent it and it was live-tested); ``speculative_prefill``
+    (another turn will follow, so Dynamo may pre-fill the next prefix) and ``osl`` (expected
+    output length) are Dynamo's documented fields. Which hints a server acts on varies by
+    Dynamo version; unknown ones are ignored by the frontend.
+    """
+
+    def _extra_body(self, request: ModelRequest) -> dict[str, Any]:
+        hints: dict[str, Any] = {
+            "turns_left": request.turns_left,
+            "speculative_prefill": request.turns_left > 1,
+        }
+        if request.max_tokens is not None:
+            hints["osl"] = request.max_tokens
+        return {"nvext": {"agent_hints": hints}}
+
+    def _extra_headers(self, request: ModelRequest) -> dict[str, str]:
+        if request.agent_key:
+            return {"x-dynamo-session-id": _header_safe(request.agent_key)}
+        return {}

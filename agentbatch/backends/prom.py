@@ -1,0 +1,198 @@
+"""A small, pure parser for the Prometheus text format, and the server-load view built on it.
+
+The engines only need a handful of gauges (running / waiting requests, prefix-cache hit rate)
+from vLLM, SGLang or Dynamo, so a ~100-line parser beats a dependency on prometheus_client.
+Metric names differ between servers *and* between vLLM versions; ``parse_server_load`` knows
+them all and sums over label sets (several engines or models behind one endpoint).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .base import ServerLoad
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample line: ``name{labels} value``."""
+
+    name: str
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
+    """Parse ``{k="v",...}`` from ``text[start] == '{'``; returns labels and the index after '}'.
+
+    Quoted values may contain commas, braces and backslash escapes, so this scans by hand.
+    """
+    labels: dict[str, str] = {}
+    i = start + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " ,":
+            i += 1
+        if i < n and text[i] == "}":
+            return labels, i + 1
+        eq = text.find("=", i)
+        if eq < 0:
+            break
+        key = text[i:eq].strip()
+        i = eq + 1
+        while i < n and text[i] == " ":
+            i += 1
+        if i >= n or text[i] != '"':
+            break
+        i += 1
+        buf: list[str] = []
+        while i < n and text[i] != '"':
+            if text[i] == "\\" and i + 1 < n:
+                nxt = text[i + 1]
+                buf.append("\n" if nxt == "n" else nxt)
+                i += 2
+            else:
+                buf.append(text[i])
+                i += 1
+        labels[key] = "".join(buf)
+        i += 1  # closing quote
+    raise ValueError("unterminated label set")
+
+
+def _parse_value(token: str) -> float:
+    low = token.lower()
+    if low in ("+inf", "inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    if low == "nan":
+        return math.nan
+    return float(token)
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """All samples in a Prometheus/OpenMetrics text exposition.
+
+    Comments, malformed lines and ``*_created`` series (counter creation timestamps, which
+    would otherwise be summed as if they were values) are skipped.
+    """
+    samples: list[Sample] = []
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            brace = line.find("{")
+            space = line.find(" ")
+            if brace >= 0 and (space < 0 or brace < space):
+                name = line[:brace]
+                labels, end = _parse_labels(line, brace)
+                rest = line[end:].split()
+            else:
+                name, *rest = line.split()
+                labels = {}
+            if not rest:
+                continue
+            value = _parse_value(rest[0])
+        except ValueError:
+            continue
+        if name.endswith("_created"):
+            continue
+        samples.append(Sample(name=name, value=value, labels=labels))
+    return samples
+
+
+def _values(samples: Iterable[Sample], name: str) -> list[float]:
+    """Finite values of ``name``; a counter may be exposed with or without ``_total``."""
+    names = {name, name[: -len("_total")] if name.endswith("_total") else name + "_total"}
+    return [s.value for s in samples if s.name in names and math.isfinite(s.value)]
+
+
+def metric_sum(samples: list[Sample], *names: str) -> float | None:
+    """Sum over label sets of the first of ``names`` present; None if none is."""
+    for name in names:
+        values = _values(samples, name)
+        if values:
+            return float(sum(values))
+    return None
+
+
+def metric_mean(samples: list[Sample], *names: str) -> float | None:
+    """Mean over label sets (for ratios such as a hit-rate gauge, which must not be summed)."""
+    for name in names:
+        values = _values(samples, name)
+        if values:
+            return float(sum(values) / len(values))
+    return None
+
+
+@dataclass(frozen=True)
+class PrefixCounters:
+    """Cumulative prefix-cache counters from one scrape, kept to compute a recent rate."""
+
+    hits: float
+    queries: float
+
+
+_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+_HIT_RATE_GAUGES = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
+_HIT_COUNTERS = (
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+)
+# Dynamo's frontend counts queued requests inside its in-flight gauge.
+_DYNAMO_INFLIGHT = "dynamo_frontend_inflight_requests"
+_DYNAMO_QUEUED = "dynamo_frontend_queued_requests"
+
+
+def _clamp01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def parse_server_load(
+    text: str, previous: PrefixCounters | None = None
+) -> tuple[ServerLoad | None, PrefixCounters | None]:
+    """Server load from a /metrics body; ``(None, None)`` when no known metric is present.
+
+    With vLLM's cumulative hit/query counters, the hit rate is computed over the interval
+    since ``previous`` (the counters returned by the last call) so it tracks the current
+    workload; on the first scrape, or after a counter reset, it is the lifetime rate.
+    """
+    samples = parse_prometheus(text)
+    running = metric_sum(samples, *_RUNNING)
+    waiting = metric_sum(samples, *_WAITING)
+    if running is None and waiting is None:
+        inflight = metric_sum(samples, _DYNAMO_INFLIGHT)
+        queued = metric_sum(samples, _DYNAMO_QUEUED)
+        if inflight is not None or queued is not None:
+            waiting = queued or 0.0
+            running = max(0.0, (inflight or 0.0) - waiting)
+
+    counters: PrefixCounters | None = None
+    hit_rate: float | None = None
+    for hits_name, queries_name in _HIT_COUNTERS:
+        hits = metric_sum(samples, hits_name)
+        queries = metric_sum(samples, queries_name)
+        if hits is not None and queries is not None:
+            counters = PrefixCounters(hits=hits, queries=queries)
+            d_hits, d_queries = hits, queries
+            # Use the interval since the last scrape when it saw new queries and no reset.
+            if previous is not None and queries > previous.queries and hits >= previous.hits:
+                d_hits, d_queries = hits - previous.hits, queries - previous.queries
+            if d_queries > 0:
+                hit_rate = _clamp01(d_hits / d_queries)
+            break
+    if hit_rate is None:
+        gauge = metric_mean(samples, *_HIT_RATE_GAUGES)
+        if gauge is not None:
+            hit_rate = _clamp01(gauge)
+
+    if running is None and waiting is None and hit_rate is None:
+        return None, counters
+    load = ServerLoad(
+        running=running or 0.0, waiting=waiting or 0.0, prefix_cache_hit_rate=hit_rate
+    )
+    return load, counters

@@ -1,0 +1,64 @@
+"""From a backend URL to a ready ``Backend``.
+
+Drivers are looked up by scheme and imported only when used, so an optional dependency
+(boto3 for Bedrock, say) is needed only by batches that actually talk to that service.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Backend
+from .urls import BackendTarget, parse_backend_url
+
+# scheme -> "module:factory"; the factory is called as factory(target, **options).
+_DRIVERS: dict[str, str] = {
+    "vllm": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "sglang": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "sim": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "http": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "openai": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "dynamo": "agentbatch.backends.openai_compat:DynamoBackend",
+    "anthropic": "agentbatch.backends.anthropic:AnthropicBackend",
+    "bedrock": "agentbatch.backends.bedrock:BedrockBackend",
+}
+
+
+def register_driver(scheme: str, factory_path: str) -> None:
+    """Route ``scheme`` to ``"module:factory"`` (how the Anthropic/Bedrock drivers plug in)."""
+    _DRIVERS[scheme] = factory_path
+
+
+def _load(scheme: str, path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"the {scheme}:// backend needs an optional dependency that is not installed "
+            f"({exc.name or exc}); try: pip install 'agentbatch[all]'"
+        ) from exc
+    return getattr(module, attr)
+
+
+def backend_from_url(
+    url: str,
+    *,
+    timeout: float | None = None,
+    max_connections: int = 1000,
+    api_key: str | None = None,
+) -> Backend:
+    """A backend for ``url`` (see ``urls.KNOWN_SCHEMES``).
+
+    ``timeout`` is the default per-turn deadline in seconds (a request's own ``timeout_s``
+    wins); ``api_key`` overrides the environment. Raises ``BatchSpecError`` for a malformed
+    URL and ``ConfigError`` for a missing key or an unavailable driver.
+    """
+    target: BackendTarget = parse_backend_url(url, api_key=api_key)
+    path = _DRIVERS.get(target.scheme)
+    if path is None:
+        raise ConfigError(f"the {target.scheme}:// backend is not implemented yet")
+    factory = _load(target.scheme, path)
+    return factory(target, timeout=timeout, max_connections=max_connections, api_key=api_key)

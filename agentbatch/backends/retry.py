@@ -1,0 +1,150 @@
+"""Retrying transient backend failures, as a wrapper any ``Backend`` can wear.
+
+Waits are *full-jitter* exponential starting small (50 ms): agent turns often take well under
+a second, so a blip should cost milliseconds, and thousands of agents failing together must
+not retry in lock-step. A server's ``Retry-After`` is honoured as a lower bound (capped, so a
+misconfigured header cannot park a batch). Only errors marked ``retryable`` are retried; the
+last ``BackendError`` is re-raised unchanged so callers never see tenacity's types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_base
+
+from ..errors import BackendError
+from ..model_io import ModelRequest, ModelResponse
+from .base import Backend, BackendCapabilities
+
+SleepFn = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try one model call. ``attempts`` counts the first try."""
+
+    attempts: int = 4
+    initial: float = 0.05
+    maximum: float = 5.0
+    jitter: bool = True
+    honour_retry_after: bool = True
+    max_retry_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be >= 1")
+        if self.initial < 0 or self.maximum < 0 or self.max_retry_after < 0:
+            raise ValueError("RetryPolicy waits must be >= 0")
+
+    def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
+        """The exponential part of the wait before retry ``retry_number`` (1-based)."""
+        ceiling = min(self.maximum, self.initial * (2 ** (retry_number - 1)))
+        if not self.jitter:
+            return ceiling
+        return (rng or random).uniform(0.0, ceiling)
+
+    def wait_for(
+        self, retry_number: int, error: BaseException | None, rng: random.Random | None = None
+    ) -> float:
+        """Seconds to sleep before retry ``retry_number`` after ``error``."""
+        wait = self.backoff(retry_number, rng)
+        retry_after = getattr(error, "retry_after", None)
+        if self.honour_retry_after and retry_after is not None and retry_after > 0:
+            wait = max(wait, min(float(retry_after), self.max_retry_after))
+        return wait
+
+
+class _PolicyWait(wait_base):
+    """Adapts ``RetryPolicy.wait_for`` to tenacity's wait interface."""
+
+    def __init__(self, policy: RetryPolicy, rng: random.Random | None) -> None:
+        self.policy = policy
+        self.rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None and outcome.failed else None
+        return self.policy.wait_for(retry_state.attempt_number, error, self.rng)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, BackendError) and exc.retryable
+
+
+class RetryingBackend:
+    """A ``Backend`` that retries the wrapped backend's ``complete`` per a ``RetryPolicy``.
+
+    ``retries`` counts retries performed (not first attempts), ``retries_by_kind`` splits them
+    by error kind; both are for stats. Other attributes (``warm``, ``fetch_load``, ...) are
+    the wrapped backend's.
+    """
+
+    def __init__(
+        self,
+        inner: Backend,
+        policy: RetryPolicy | None = None,
+        *,
+        sleep: SleepFn | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._inner = inner
+        self.policy = policy or RetryPolicy()
+        self._sleep: SleepFn = sleep or asyncio.sleep
+        self._wait = _PolicyWait(self.policy, rng)
+        self.retries = 0
+        self.retries_by_kind: Counter[str] = Counter()
+
+    @property
+    def inner(self) -> Backend:
+        return self._inner
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._inner.capabilities
+
+    def _count_retry(self, retry_state: RetryCallState) -> None:
+        self.retries += 1
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None else None
+        self.retries_by_kind[getattr(error, "kind", type(error).__name__)] += 1
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """``inner.complete`` with retries; raises the last ``BackendError`` when out of tries."""
+        # A fresh AsyncRetrying per call: its iteration state is not safe to share
+        # between concurrent coroutines.
+        retrying = AsyncRetrying(
+            sleep=self._sleep,
+            stop=stop_after_attempt(self.policy.attempts),
+            wait=self._wait,
+            retry=retry_if_exception(_is_retryable),
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._inner.complete(request)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found normally; guard against recursion while
+        # ``_inner`` itself is not yet set (e.g. during unpickling).
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"RetryingBackend({self._inner!r}, {self.policy!r})"

@@ -1,0 +1,167 @@
+"""Backend URLs: one string names both the server and the protocol to speak to it.
+
+``vllm://gpu-box:8000`` reads better in a batch spec than an HTTP URL plus a driver flag, and
+it lets the registry pick per-server behaviour (capabilities, Dynamo hints) from the scheme.
+Parsing is strict and happens before anything is sent, so a typo fails the batch up front with
+a ``BatchSpecError`` instead of failing every agent at run time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, parse_qs, urlsplit
+
+from ..errors import BatchSpecError, ConfigError
+
+# Self-hosted OpenAI-compatible servers: plain HTTP unless written ``<scheme>+https://``.
+SELF_HOSTED_SCHEMES = ("vllm", "sglang", "dynamo", "sim")
+KNOWN_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai", "anthropic", "bedrock")
+
+OPENAI_HOST = "api.openai.com"
+ANTHROPIC_HOST = "api.anthropic.com"
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
+
+_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+
+
+@dataclass(frozen=True)
+class BackendTarget:
+    """A parsed backend URL.
+
+    ``scheme`` is the backend kind: one of ``SELF_HOSTED_SCHEMES``, ``"http"`` (any generic
+    OpenAI-compatible server, whether reached over http or https), ``"openai"``,
+    ``"anthropic"`` or ``"bedrock"``. ``base_url`` never ends in ``/`` or ``/v1``.
+    """
+
+    scheme: str
+    base_url: str
+    raw: str
+    region: str | None = None
+    model: str | None = None
+    # Kept out of repr/eq so a target can be logged or compared without leaking the key.
+    api_key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def host(self) -> str:
+        """Host name of ``base_url`` (lower-case, no port)."""
+        return urlsplit(self.base_url).hostname or ""
+
+    @property
+    def display(self) -> str:
+        """A short, secret-free name for logs and stats, e.g. ``vllm://10.0.0.5:8000``."""
+        if self.scheme == "bedrock":
+            return f"bedrock://{self.region}" + (f"/{self.model}" if self.model else "")
+        if self.scheme == "http":  # generic server: its own URL says it best (http or https)
+            return self.base_url
+        netloc_and_path = self.base_url.split("://", 1)[1]
+        return f"{self.scheme}://{netloc_and_path}"
+
+
+def _known() -> str:
+    return ", ".join(f"{s}://" for s in KNOWN_SCHEMES)
+
+
+def is_local_host(host: str) -> bool:
+    """Loopback hosts, where plain http carries no risk of leaking a key on the wire."""
+    host = host.lower()
+    return host in ("localhost", "::1", "0.0.0.0") or host.startswith("127.")
+
+
+def _netloc(url: str, parts: SplitResult) -> str:
+    """``host[:port]`` with credentials dropped; rejects malformed ports up front."""
+    try:
+        port = parts.port
+    except ValueError:
+        raise BatchSpecError(f"invalid port in backend URL {url!r}") from None
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{host}:{port}" if port is not None else host
+
+
+def _strip_path(path: str) -> str:
+    """Drop trailing slashes and one optional ``/v1``: we always append ``/v1/...`` ourselves."""
+    path = path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return path.rstrip("/")
+
+
+def parse_backend_url(url: str, *, api_key: str | None = None) -> BackendTarget:
+    """Parse a backend URL; see the module docstring and ``KNOWN_SCHEMES``.
+
+    ``api_key`` overrides the environment. A key is only *required* for api.openai.com,
+    where a missing ``OPENAI_API_KEY`` raises ``ConfigError`` naming the variable.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise BatchSpecError(f"backend URL {url!r} has no scheme; expected one of {_known()}")
+    raw = url
+    parts = urlsplit(url.strip())
+    if parts.password is not None:
+        # Refuse rather than echo or silently drop it: keys go in api_key / the environment.
+        raise BatchSpecError(
+            "backend URLs must not carry credentials; pass api_key or set the key's "
+            "environment variable instead"
+        )
+    full_scheme = parts.scheme.lower()
+    base_scheme, _, transport = full_scheme.partition("+")
+    if transport not in ("", "http", "https") or base_scheme not in KNOWN_SCHEMES:
+        raise BatchSpecError(
+            f"unknown backend scheme {full_scheme!r} in {url!r}; known schemes: {_known()}"
+            " (self-hosted ones also accept '+https', e.g. vllm+https://)"
+        )
+    query_model = (parse_qs(parts.query).get("model") or [None])[0]
+
+    if base_scheme == "bedrock":
+        return _parse_bedrock(raw, parts, query_model)
+
+    netloc = _netloc(url, parts)
+    path = _strip_path(parts.path)
+
+    if base_scheme in ("http", "https"):
+        if not netloc:
+            raise BatchSpecError(f"backend URL {url!r} needs a host")
+        return BackendTarget("http", f"{base_scheme}://{netloc}{path}", raw, model=query_model)
+
+    if base_scheme in SELF_HOSTED_SCHEMES:
+        if not netloc:
+            raise BatchSpecError(
+                f"backend URL {url!r} needs a host, e.g. {base_scheme}://127.0.0.1:8000"
+            )
+        http = transport or "http"
+        return BackendTarget(base_scheme, f"{http}://{netloc}{path}", raw, model=query_model)
+
+    # openai:// and anthropic://: hosted APIs, https unless pointed at a loopback proxy.
+    default_host = OPENAI_HOST if base_scheme == "openai" else ANTHROPIC_HOST
+    host = parts.hostname or default_host
+    http = transport or ("http" if is_local_host(host) else "https")
+    base = f"{http}://{netloc or default_host}{path}"
+    key = api_key
+    if base_scheme == "openai":
+        key = key or os.environ.get(OPENAI_KEY_ENV) or None
+        if key is None and host == OPENAI_HOST:
+            raise ConfigError(
+                f"{url!r} needs an API key: set the {OPENAI_KEY_ENV} environment variable"
+            )
+    return BackendTarget(base_scheme, base, raw, model=query_model, api_key=key)
+
+
+def _parse_bedrock(raw: str, parts: SplitResult, query_model: str | None) -> BackendTarget:
+    """``bedrock://REGION[/MODEL]``: the 'host' is an AWS region, the path a model id."""
+    region = (parts.netloc or "").lower()
+    if not region:
+        raise BatchSpecError("bedrock:// URL needs a region, e.g. bedrock://us-east-1")
+    if not _REGION_RE.match(region):
+        raise BatchSpecError(
+            f"bedrock:// URL has {region!r} where an AWS region belongs, e.g. bedrock://us-east-1"
+        )
+    model = parts.path.strip("/") or query_model
+    return BackendTarget(
+        "bedrock",
+        f"https://bedrock-runtime.{region}.amazonaws.com",
+        raw,
+        region=region,
+        model=model or None,
+    )

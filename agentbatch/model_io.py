@@ -1,0 +1,107 @@
+"""The wire-neutral shapes exchanged between the agent core and the backends.
+
+Messages are kept in the OpenAI chat format (the format every self-hosted server speaks), with
+tool-call arguments as canonical JSON strings. Backends for other APIs (Anthropic, Bedrock)
+convert at their edge. Everything here is JSON-serializable so agent state can live in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+Message = dict[str, Any]
+
+
+def canonical_json(value: Any) -> str:
+    """Stable, compact JSON: the same value always gives the same bytes (cache/coalescing keys)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class ToolCall(BaseModel):
+    """One tool invocation requested by the model."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    # Set when the model sent arguments that are not a JSON object; the core answers the
+    # call with an error instead of running the tool.
+    arguments_error: str | None = None
+
+    def to_message_part(self) -> dict[str, Any]:
+        """This call as an entry of an OpenAI assistant message's ``tool_calls``."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": canonical_json(self.arguments)},
+        }
+
+
+class Usage(BaseModel):
+    """Token counts; ``cached_tokens`` is the part of the prompt served from a prefix cache."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class ModelRequest(BaseModel):
+    """One model turn, fully rendered. Identical prefixes across agents are byte-identical."""
+
+    model: str
+    messages: list[Message]
+    tools: list[dict[str, Any]] = Field(default_factory=list)  # OpenAI function-tool schemas
+    # {"name": ..., "schema": {...}} when the output must fit a JSON schema.
+    json_schema: dict[str, Any] | None = None
+    tool_choice: str | None = None  # "auto" | "none" | None (server default)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    request_id: str = ""  # stable per (batch, agent, turn, attempt)
+    agent_key: str = ""  # stable per agent: routing affinity / prefix locality
+    turns_left: int = 1  # scheduling hint (e.g. Dynamo agent_hints)
+    timeout_s: float | None = None
+
+
+class ModelResponse(BaseModel):
+    """What a backend returns for one model turn."""
+
+    text: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    ttft_s: float | None = None
+
+    def to_message(self) -> Message:
+        """The assistant message to append to the conversation."""
+        msg: Message = {"role": "assistant", "content": self.text or ""}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.to_message_part() for c in self.tool_calls]
+            if not self.text:
+                msg["content"] = None
+        return msg
+
+
+class ToolOutcome(BaseModel):
+    """The result of one tool call, as fed back to the model.
+
+    A failing tool is not a failing agent: ``ok=False`` carries error text the model can read.
+    """
+
+    call_id: str
+    name: str
+    content: str
+    ok: bool = True
+    cached: bool = False  # served from the result cache (no execution)
+    coalesced: bool = False  # shared the execution of an identical concurrent call
+
+    def to_message(self) -> Message:
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}

@@ -1,0 +1,132 @@
+"""A handle on a distributed batch: reads the batch's result stream from any process.
+
+Each read remembers the stream id it reached (``cursor``), so a reader that stops can resume
+exactly where it left off, from this process or another one (``get_batch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis
+from pydantic import BaseModel
+
+from ..errors import BatchLost
+from ..results import AgentResult
+from ..state.connection import async_client, mask_url, sync_client
+from ..state.keys import BatchKeys
+from .handle import BatchHandle
+from .output import OutputContract
+
+log = logging.getLogger(__name__)
+_BLOCK_MS = 1000
+_READ_COUNT = 500
+_RECONNECT_WINDOW_S = 30.0
+
+
+class DistributedHandle(BatchHandle):
+    def __init__(self, batch_id: str, redis_url: str, *, total: int,
+                 schema: type[BaseModel] | None = None) -> None:
+        self.batch_id = batch_id
+        self.redis_url = redis_url
+        self.total = total
+        self.keys = BatchKeys(batch_id)
+        self.contract = OutputContract(schema)
+        self.cursor = "0-0"
+        self._client = sync_client(redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
+
+    # --- reading --------------------------------------------------------------------------
+
+    def _decode(self, fields: dict[str, str]) -> AgentResult:
+        result = AgentResult.model_validate_json(fields["r"])
+        if result.ok and self.contract.schema is not None and isinstance(result.output, dict):
+            result = result.model_copy(update={"output": self.contract.instance(result.output)})
+        return result
+
+    def _lost(self, why: str) -> BatchLost:
+        return BatchLost(f"batch {self.batch_id} is lost: {why} "
+                         f"(Redis at {mask_url(self.redis_url)})")
+
+    def _check_alive(self, client: Any) -> bool:
+        """True when the batch has finished; raises BatchLost when its state is gone."""
+        exists, finished = client.exists(self.keys.plan), client.hget(self.keys.meta, "finished")
+        if not exists:
+            raise self._lost("its state is no longer in Redis; the server restarted without "
+                             "persistence or the keys were deleted or evicted")
+        return finished == "1"
+
+    def results(self, timeout: float | None = None, after: str | None = None
+                ) -> Iterator[AgentResult]:
+        """Results as agents finish; ``after`` resumes from a saved stream id."""
+        cursor = after or "0-0"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failing_since: float | None = None
+        while True:
+            try:
+                reply = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT,
+                                           block=_BLOCK_MS)
+                failing_since = None
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > _RECONNECT_WINDOW_S:
+                    raise self._lost(f"Redis has been unreachable for "
+                                     f"{_RECONNECT_WINDOW_S:.0f}s ({exc})") from exc
+                time.sleep(0.5)
+                continue
+            entries = reply[0][1] if reply else []
+            for entry_id, fields in entries:
+                cursor = self.cursor = entry_id
+                yield self._decode(fields)
+            if entries:
+                continue
+            if self._check_alive(self._client):
+                tail = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT)
+                if not tail:
+                    return
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {self.batch_id}: no result within {timeout}s")
+
+    async def aresults(self, after: str | None = None) -> AsyncIterator[AgentResult]:
+        cursor = after or "0-0"
+        client = async_client(self.redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
+        try:
+            while True:
+                reply = await client.xread({self.keys.results: cursor}, count=_READ_COUNT,
+                                           block=_BLOCK_MS)
+                entries = reply[0][1] if reply else []
+                for entry_id, fields in entries:
+                    cursor = self.cursor = entry_id
+                    yield self._decode(fields)
+                if entries:
+                    continue
+                exists = await client.exists(self.keys.plan)
+                if not exists:
+                    raise self._lost("its state is no longer in Redis")
+                if await client.hget(self.keys.meta, "finished") == "1":
+                    if not await client.xread({self.keys.results: cursor}, count=1):
+                        return
+        finally:
+            await client.aclose()
+
+    # --- control --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, int]:
+        meta = self._client.hgetall(self.keys.meta)
+        if not meta:
+            raise self._lost("its state is no longer in Redis")
+        counts = {k[2:]: int(v) for k, v in meta.items() if k.startswith("n:") and int(v)}
+        counts.update({k: int(meta.get(k, 0)) for k in ("total", "delivered")})
+        counts["finished"] = int(meta.get("finished", 0))
+        counts.update({k: int(v) for k, v in meta.items() if k.startswith("stat:")})
+        return counts
+
+    def cancel(self) -> None:
+        """Workers stop each agent at its next step; each ends with error kind ``cancelled``."""
+        self._client.hset(self.keys.meta, "cancelled", 1)
+
+    def close(self) -> None:
+        self._client.close()

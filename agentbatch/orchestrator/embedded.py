@@ -1,0 +1,83 @@
+"""The embedded engine: every agent of a batch as a coroutine on one asyncio loop.
+
+It executes the state machine's actions and nothing else. Inference slots are held only for
+the model call itself, so agents waiting on tools never hold backend capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ..results import AgentResult
+from .agent_state import AgentState, AgentStatus
+from .finish import materialize, result_from_state
+from .priority_slots import PrioritySlots
+from .runtime import BatchRuntime
+from .turn_io import call_model, run_tools
+from .turns import Abandoned, CallModel, Cancelled, Event, next_action, step
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedEngine:
+    def __init__(self, rt: BatchRuntime, states: list[AgentState],
+                 sink: Callable[[AgentResult], None], *, max_inflight: int) -> None:
+        self.rt = rt
+        self.states = {s.index: s for s in states}
+        self.sink = sink
+        self.slots = PrioritySlots(max_inflight)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cancel_reason: str | None = None
+        self._started = time.monotonic()
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.states.values():
+            counts[s.status.value] = counts.get(s.status.value, 0) + 1
+        return counts
+
+    async def run(self) -> None:
+        self._started = time.monotonic()
+        self._tasks = [asyncio.create_task(self._drive(s)) for s in self.states.values()]
+        if self._cancel_reason is not None:
+            self.cancel(self._cancel_reason)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def cancel(self, reason: str = "the batch was cancelled") -> None:
+        """Stop remaining turns; unfinished agents end with error kind ``cancelled``."""
+        self._cancel_reason = reason
+        for task in self._tasks:
+            task.cancel()
+
+    async def _perform(self, state: AgentState, action: object) -> Event:
+        if isinstance(action, CallModel):
+            async with self.slots.slot(action.turns_left):
+                return await call_model(self.rt, state, action)
+        return await run_tools(self.rt, state, action)  # type: ignore[arg-type]
+
+    async def _drive(self, state: AgentState) -> None:
+        policy = self.rt.policy
+        try:
+            while (action := next_action(policy, state)) is not None:
+                state = step(policy, state, await self._perform(state, action))
+                self.states[state.index] = state
+        except asyncio.CancelledError:
+            if not state.terminal:
+                state = step(policy, state, Cancelled(self._cancel_reason or "cancelled"))
+        except Exception as exc:  # never let one agent take the batch down
+            log.exception("agent %s failed inside the engine", state.index)
+            if not state.terminal:
+                state = step(policy, state, Abandoned("internal", f"{type(exc).__name__}: {exc}"))
+        self.states[state.index] = state
+        latency = time.monotonic() - self._started
+        self.sink(materialize(result_from_state(state, latency), self.rt.contract))
+
+    @property
+    def unfinished(self) -> int:
+        return sum(1 for s in self.states.values() if s.status not in _ENDED)
+
+
+_ENDED = {AgentStatus.DONE, AgentStatus.FAILED, AgentStatus.CANCELLED}

@@ -1,0 +1,163 @@
+"""Run a compiled batch on the embedded engine, in the caller's loop or a thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import inspect
+import logging
+import threading
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from ..backends.setup import open_backend, warm_backend
+from ..results import AgentResult
+from ..toolpool import ToolPool, TTLCache
+from .compile import CompiledBatch
+from .embedded import EmbeddedEngine
+from .handle import BatchHandle
+from .options import DEFAULT_MAX_INFLIGHT, BatchOptions
+from .result_buffer import ResultBuffer
+from .runtime import BatchRuntime
+
+log = logging.getLogger(__name__)
+_live: weakref.WeakSet[EmbeddedHandle] = weakref.WeakSet()
+
+
+class EmbeddedHandle(BatchHandle):
+    def __init__(self, compiled: CompiledBatch, opts: BatchOptions) -> None:
+        self.compiled = compiled
+        self.opts = opts
+        self.batch_id = compiled.plan.batch_id
+        self.total = compiled.plan.total
+        self.buffer = ResultBuffer(self.total)
+        self.engine: EmbeddedEngine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending_cancel = False
+
+    # --- starting -------------------------------------------------------------------------
+
+    async def _prepare(self) -> BatchRuntime:
+        plan = self.compiled.plan
+        backend = open_backend(plan.backends, timeout=plan.timeout_per_turn)
+        try:
+            if plan.warm_prefix and self.total > 1:
+                await warm_backend(backend, plan)
+        except BaseException:
+            await backend.aclose()
+            raise
+        pool = ToolPool(self.compiled.tools, cache=TTLCache(max_entries=10_000))
+        rt = BatchRuntime(plan=plan, contract=self.compiled.contract, tools=pool,
+                          backend=backend)
+        limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
+                                         DEFAULT_MAX_INFLIGHT)
+        self.engine = EmbeddedEngine(rt, self.compiled.states, self._sink, max_inflight=limit)
+        if self._pending_cancel:
+            self.engine.cancel()
+        return rt
+
+    async def _run(self, rt: BatchRuntime) -> None:
+        assert self.engine is not None
+        try:
+            await self.engine.run()
+        finally:
+            try:
+                await rt.backend.aclose()
+            finally:
+                self.buffer.close()
+
+    async def start_in_loop(self) -> None:
+        """Start in the running loop (async callers): tools and callbacks share their loop."""
+        self._loop = asyncio.get_running_loop()
+        rt = await self._prepare()
+        self._task = asyncio.create_task(self._run(rt), name=f"agentbatch-{self.batch_id}")
+        _live.add(self)
+
+    def start_threaded(self) -> None:
+        """Start on a private loop in a background thread (sync callers)."""
+        ready = threading.Event()
+        startup_error: list[BaseException] = []
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            try:
+                rt = await self._prepare()
+            except BaseException as exc:
+                startup_error.append(exc)
+                ready.set()
+                return
+            ready.set()
+            await self._run(rt)
+
+        self._thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True,
+                                        name=f"agentbatch-{self.batch_id}")
+        self._thread.start()
+        ready.wait()
+        if startup_error:
+            self._thread.join()
+            raise startup_error[0]
+        _live.add(self)
+
+    # --- results --------------------------------------------------------------------------
+
+    def _sink(self, result: AgentResult) -> None:
+        self.buffer.put(result)  # first, so a failing callback can never lose a result
+        callback = self.opts.on_result
+        if callback is None:
+            return
+        try:
+            ret = callback(result)
+            if inspect.isawaitable(ret):
+                task = asyncio.ensure_future(ret)
+                task.add_done_callback(_log_callback_error)
+        except Exception:
+            log.exception("on_result raised for agent %s; the batch continues", result.index)
+
+    def results(self, timeout: float | None = None) -> Iterator[AgentResult]:
+        return self.buffer.iter(timeout=timeout)
+
+    def aresults(self) -> AsyncIterator[AgentResult]:
+        return self.buffer.aiter()
+
+    def status(self) -> dict[str, int]:
+        counts = self.engine.counts() if self.engine else {"needs_model": self.total}
+        counts["total"] = self.total
+        counts["finished"] = int(self.buffer.finished)
+        counts["delivered"] = len(self.buffer)
+        return counts
+
+    def cancel(self) -> None:
+        self._pending_cancel = True
+        if self.engine is None or self._loop is None or self._loop.is_closed():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.engine.cancel)
+        except RuntimeError:  # the loop has already finished
+            pass
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        if not self.buffer.finished:
+            self.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+
+def _log_callback_error(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("async on_result raised; the batch continues", exc_info=task.exception())
+
+
+@atexit.register
+def _cancel_live_batches() -> None:
+    """At interpreter exit, stop embedded batches cleanly instead of killing them mid-call."""
+    for handle in list(_live):
+        if not handle.buffer.finished:
+            handle.cancel()
+            handle.join(timeout=5)

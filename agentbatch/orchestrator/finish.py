@@ -1,0 +1,34 @@
+"""Build the user-facing result of an ended agent (shared by both engines)."""
+
+from __future__ import annotations
+
+from ..results import AgentError, AgentResult
+from .agent_state import AgentState, AgentStatus
+from .output import OutputContract
+
+
+def result_from_state(state: AgentState, latency_s: float | None = None) -> AgentResult:
+    """The JSON-ready result; ``output`` is still the plain validated JSON value."""
+    ok = state.status is AgentStatus.DONE
+    error = state.error
+    if not ok and error is None:
+        error = AgentError(kind="internal", message=f"agent ended as {state.status.value}")
+    return AgentResult(
+        index=state.index,
+        input=state.input,
+        ok=ok,
+        output=state.output if ok else None,
+        text=state.text,
+        error=None if ok else error,
+        turns=state.turns,
+        usage=state.usage,
+        tool_calls=state.tool_log,
+        latency_s=latency_s,
+    )
+
+
+def materialize(result: AgentResult, contract: OutputContract) -> AgentResult:
+    """Turn the stored JSON output into an instance of the batch's output schema."""
+    if result.ok and contract.schema is not None and isinstance(result.output, dict):
+        return result.model_copy(update={"output": contract.instance(result.output)})
+    return result

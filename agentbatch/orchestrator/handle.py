@@ -1,0 +1,73 @@
+"""The handle a caller holds on a running batch, whatever engine runs it."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from ..results import AgentResult
+
+
+class BatchHandle(abc.ABC):
+    """Stream, wait for, inspect and cancel one batch.
+
+    ``results()`` yields each result as its agent finishes. Leaving it early does not stop
+    the batch: the handle still owns the work, ``wait()`` still returns every result, and
+    ``cancel()`` (or leaving a ``with`` block) stops what remains.
+    """
+
+    batch_id: str
+    total: int
+
+    @abc.abstractmethod
+    def results(self, timeout: float | None = None) -> Iterator[AgentResult]:
+        """Results in completion order (not input order)."""
+
+    @abc.abstractmethod
+    def aresults(self) -> AsyncIterator[AgentResult]:
+        """Async form of ``results()``."""
+
+    @abc.abstractmethod
+    def status(self) -> dict[str, int]:
+        """Counts by agent state, plus ``total`` and ``finished``."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Stop remaining turns; unfinished agents end with error kind ``cancelled``."""
+
+    def wait(self, timeout: float | None = None) -> list[AgentResult]:
+        """Every result, in input order."""
+        return _in_order(self.results(timeout=timeout), self.total)
+
+    async def wait_async(self) -> list[AgentResult]:
+        """Async form of ``wait()``."""
+        return _in_order([r async for r in self.aresults()], self.total)
+
+    def close(self) -> None:
+        """Release local resources; cancels the batch if it is still running here."""
+
+    def __enter__(self) -> BatchHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.status().get("finished"):
+            self.cancel()
+        self.close()
+
+    async def __aenter__(self) -> BatchHandle:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if not self.status().get("finished"):
+            self.cancel()
+            await asyncio.sleep(0)
+        self.close()
+
+
+def _in_order(results: Any, total: int) -> list[AgentResult]:
+    by_index: dict[int, AgentResult] = {}
+    for result in results:
+        by_index.setdefault(result.index, result)
+    return [by_index[i] for i in sorted(by_index)]

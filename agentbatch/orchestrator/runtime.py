@@ -1,0 +1,73 @@
+"""A batch made runnable: plan + policy + tools + output contract + backend.
+
+The embedded engine builds one from live objects; a worker builds one from a stored plan by
+importing tools and the schema by path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..backends.base import Backend
+from ..errors import BatchSpecError
+from ..toolpool import Tool, ToolPool, resolve_tool
+from .output import OutputContract
+from .plan import BatchPlan
+from .turns import TurnPolicy
+
+
+def import_object(path: str) -> Any:
+    """``module:attr.sub`` → the object."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_schema(plan: BatchPlan) -> type[BaseModel] | None:
+    if plan.output_json_schema is None:
+        return None
+    if not plan.output_schema_path:
+        raise BatchSpecError(f"output schema {plan.output_schema_name} has no import path")
+    try:
+        schema = import_object(plan.output_schema_path)
+    except Exception as exc:
+        raise BatchSpecError(
+            f"output schema {plan.output_schema_path!r} could not be imported: {exc}"
+        ) from None
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise BatchSpecError(f"{plan.output_schema_path!r} is not a Pydantic model")
+    return schema
+
+
+def load_tools(plan: BatchPlan) -> list[Tool]:
+    tools = []
+    for ref in plan.tool_refs:
+        if not ref.import_path:
+            raise BatchSpecError(f"tool {ref.name!r} has no import path")
+        try:
+            tools.append(resolve_tool(ref.import_path))
+        except BatchSpecError as exc:
+            raise BatchSpecError(f"tool {ref.name!r}: {exc}") from None
+    return tools
+
+
+@dataclass
+class BatchRuntime:
+    plan: BatchPlan
+    contract: OutputContract
+    tools: ToolPool
+    backend: Backend
+    policy: TurnPolicy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy = TurnPolicy(
+            max_turns=self.plan.max_turns,
+            max_retries=self.plan.max_retries,
+            parse_output=self.contract.parse,
+        )

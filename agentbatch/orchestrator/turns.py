@@ -1,0 +1,185 @@
+"""The agent turn state machine: pure decisions, no IO.
+
+``step(policy, state, event)`` returns the next state; ``next_action(policy, state)`` says what
+the engine must do next. Both engines (embedded asyncio and distributed Celery) only execute
+these actions and feed back events, so the agent loop exists exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..model_io import ModelResponse, ToolCall, ToolOutcome
+from ..results import AgentError, ToolCallRecord
+from .agent_state import AgentState, AgentStatus
+from .output import ParsedOutput
+
+REPAIR_PROMPT = (
+    "Your previous reply could not be used: {error}\n"
+    "Reply again with only the corrected final answer."
+)
+
+
+class InvalidTransition(Exception):
+    """The event does not apply to the state (a stale or duplicate delivery)."""
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    """The per-batch limits and output check that drive decisions."""
+
+    max_turns: int
+    max_retries: int
+    parse_output: Callable[[str | None], ParsedOutput]
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelReplied:
+    response: ModelResponse
+
+
+@dataclass(frozen=True)
+class ModelFailed:
+    kind: str
+    message: str
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class ToolsFinished:
+    outcomes: list[ToolOutcome]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    reason: str = "the batch was cancelled"
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """The engine gave up on the agent for a reason outside the loop (e.g. a tool import)."""
+
+    kind: str
+    message: str
+
+
+Event = ModelReplied | ModelFailed | ToolsFinished | Cancelled | Abandoned
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallModel:
+    turns_left: int  # priority: fewer turns left goes first
+    allow_tools: bool  # False on repair turns (tool_choice "none", tools still sent)
+
+
+@dataclass(frozen=True)
+class RunTools:
+    calls: list[ToolCall]
+
+
+Action = CallModel | RunTools
+
+
+def next_action(policy: TurnPolicy, state: AgentState) -> Action | None:
+    """What to do for ``state``; ``None`` when the agent has ended."""
+    if state.status is AgentStatus.NEEDS_MODEL:
+        return CallModel(
+            turns_left=max(policy.max_turns - state.steps, 1),
+            allow_tools=not state.repairing,
+        )
+    if state.status is AgentStatus.AWAITING_TOOLS:
+        return RunTools(list(state.pending_calls))
+    return None
+
+
+def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
+    """Apply ``event`` to ``state``. Raises ``InvalidTransition`` for events that do not fit."""
+    if isinstance(event, Cancelled | Abandoned):
+        if state.terminal:
+            raise InvalidTransition(f"agent {state.index} already ended ({state.status.value})")
+        if isinstance(event, Cancelled):
+            return _end(state, AgentStatus.CANCELLED, AgentError(kind="cancelled",
+                                                                 message=event.reason))
+        return _end(state, AgentStatus.FAILED, AgentError(kind=event.kind, message=event.message))
+    if isinstance(event, ModelReplied | ModelFailed):
+        if state.status is not AgentStatus.NEEDS_MODEL:
+            raise InvalidTransition(f"agent {state.index} is not waiting on the model")
+        if isinstance(event, ModelFailed):
+            return _model_failed(policy, state, event)
+        return _model_replied(policy, state, event.response)
+    if state.status is not AgentStatus.AWAITING_TOOLS:
+        raise InvalidTransition(f"agent {state.index} is not waiting on tools")
+    return _tools_finished(state, event)
+
+
+def _bump(state: AgentState, **changes: object) -> AgentState:
+    return state.model_copy(update={"version": state.version + 1, **changes})
+
+
+def _end(state: AgentState, status: AgentStatus, error: AgentError | None,
+         **changes: object) -> AgentState:
+    return _bump(state, status=status, error=error, pending_calls=[], repairing=False, **changes)
+
+
+def _model_failed(policy: TurnPolicy, state: AgentState, event: ModelFailed) -> AgentState:
+    if event.retryable and state.retries < policy.max_retries:
+        return _bump(state, retries=state.retries + 1)
+    attempts = state.retries + 1 if event.retryable else 1
+    message = f"{event.message} (after {attempts} attempt{'s' if attempts != 1 else ''})"
+    return _end(state, AgentStatus.FAILED, AgentError(kind=event.kind, message=message))
+
+
+def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -> AgentState:
+    counted = not state.repairing
+    steps = state.steps + (1 if counted else 0)
+    common = {
+        "turns": state.turns + 1,
+        "steps": steps,
+        "usage": state.usage + resp.usage,
+        "messages": [*state.messages, resp.to_message()],
+    }
+    if resp.tool_calls:
+        if steps >= policy.max_turns:
+            error = AgentError(
+                kind="max_turns",
+                message=f"the model still called tools after max_turns={policy.max_turns} turns",
+            )
+            return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
+        return _bump(state, status=AgentStatus.AWAITING_TOOLS, pending_calls=resp.tool_calls,
+                     repairing=False, **common)
+    parsed = policy.parse_output(resp.text)
+    if parsed.ok:
+        return _end(state, AgentStatus.DONE, None, text=resp.text, output=parsed.value, **common)
+    if state.retries < policy.max_retries:
+        repair = {"role": "user", "content": REPAIR_PROMPT.format(error=parsed.error)}
+        common["messages"] = [*common["messages"], repair]
+        return _bump(state, retries=state.retries + 1, repairing=True, text=resp.text, **common)
+    error = AgentError(kind="invalid_output",
+                       message=f"the final reply did not validate: {parsed.error}")
+    return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
+
+
+def _tools_finished(state: AgentState, event: ToolsFinished) -> AgentState:
+    by_id = {o.call_id: o for o in event.outcomes}
+    missing = [c.id for c in state.pending_calls if c.id not in by_id]
+    if missing:
+        raise InvalidTransition(f"agent {state.index}: no outcome for tool calls {missing}")
+    outcomes = [by_id[c.id] for c in state.pending_calls]
+    records = [
+        ToolCallRecord(turn=state.steps, name=c.name, arguments=c.arguments, ok=o.ok,
+                       cached=o.cached, coalesced=o.coalesced)
+        for c, o in zip(state.pending_calls, outcomes, strict=True)
+    ]
+    return _bump(
+        state,
+        status=AgentStatus.NEEDS_MODEL,
+        pending_calls=[],
+        messages=[*state.messages, *(o.to_message() for o in outcomes)],
+        tool_log=[*state.tool_log, *records],
+    )

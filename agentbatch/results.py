@@ -1,0 +1,55 @@
+"""What a batch hands back: one ``AgentResult`` per input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .model_io import Usage
+
+
+class AgentError(BaseModel):
+    """Why an agent ended without a valid output.
+
+    ``kind`` is one of: invalid_output, max_turns, backend, timeout, rate_limited,
+    server_error, backend_unavailable, bad_request, cancelled, tool_import, lost, internal.
+    """
+
+    kind: str
+    message: str
+
+
+class ToolCallRecord(BaseModel):
+    """One tool call an agent made, for auditing."""
+
+    turn: int
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    ok: bool = True
+    cached: bool = False
+    coalesced: bool = False
+
+
+class AgentResult(BaseModel):
+    """The outcome of one agent. A failure is data (``ok=False`` + ``error``), not an exception."""
+
+    model_config = {"arbitrary_types_allowed": True}
+
+    index: int
+    input: dict[str, Any]
+    ok: bool
+    output: Any = None  # an instance of the batch's output_schema when ok and a schema was given
+    text: str | None = None  # the final assistant text (the raw JSON when a schema was given)
+    error: AgentError | None = None
+    turns: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    latency_s: float | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-ready form; ``output`` is dumped through its Pydantic model."""
+        data = self.model_dump(exclude={"output"})
+        out = self.output
+        data["output"] = out.model_dump(mode="json") if isinstance(out, BaseModel) else out
+        return data

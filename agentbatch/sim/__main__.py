@@ -1,0 +1,65 @@
+"""``python -m agentbatch.sim``: serve the inference simulator until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .config import SimConfig, parse_fault_rates
+from .server import run_sim
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agentbatch.sim",
+        description="OpenAI-compatible scripted inference simulator.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        help="served model name (repeatable); any name is accepted unless --strict-models",
+    )
+    p.add_argument(
+        "--strict-models",
+        action="store_true",
+        help="reject requests for models not listed with --model",
+    )
+    p.add_argument(
+        "--fixed-ms",
+        type=float,
+        default=None,
+        help="flat latency per request; disables the GPU-like engine",
+    )
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.05)
+    p.add_argument("--decode-ms", type=float, default=8.0)
+    p.add_argument("--decode-batch-slope", type=float, default=0.01)
+    p.add_argument("--tokens-per-step", type=int, default=4)
+    p.add_argument("--max-waiting", type=int, default=None)
+    p.add_argument("--queue-full-retry-after-s", type=float, default=1.0)
+    p.add_argument("--cache-blocks", type=int, default=100_000)
+    p.add_argument("--fault-rate", default="", help="e.g. http_500=0.1,http_429=0.05")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-hold-s", type=float, default=30.0)
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> SimConfig:
+    args = build_parser().parse_args(argv)
+    kwargs = vars(args)
+    strict = kwargs.pop("strict_models")
+    rates = parse_fault_rates(kwargs.pop("fault_rate"))
+    if not kwargs["models"]:
+        kwargs.pop("models")
+    return SimConfig(**kwargs, fault_rates=rates, accept_any_model=not strict)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_sim(config_from_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Simulator settings, shared by the in-process server, the subprocess wrapper and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from .faults import parse_fault_rates
+
+DEFAULT_MODEL = "agentbatch-sim"
+
+__all__ = ["DEFAULT_MODEL", "SimConfig", "config_to_argv", "parse_fault_rates"]
+
+
+@dataclass
+class SimConfig:
+    """Everything the simulator can be told; construct with keyword arguments."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = 0
+    """TCP port; 0 picks a free one (SimServer reports it in ``.url``)."""
+    models: list[str] = field(default_factory=lambda: [DEFAULT_MODEL])
+    """Names listed by ``GET /v1/models``; the first labels ``/metrics``."""
+    accept_any_model: bool = True
+    """Answer requests for any model name (else 404 for names not in ``models``)."""
+    fixed_ms: float | None = None
+    """If set: every request costs this many ms, unlimited concurrency (no GPU-like queue)."""
+    max_running: int = 64
+    """GPU-like mode: sequences decoded together; the rest wait in a FIFO queue."""
+    prefill_ms_per_token: float = 0.05
+    """GPU-like mode: prefill cost per uncached prompt token."""
+    decode_ms: float = 8.0
+    """GPU-like mode: cost of one decode step for a batch of one."""
+    decode_batch_slope: float = 0.01
+    """GPU-like mode: step cost is ``decode_ms * (1 + slope * running)``: big batches are slower."""
+    tokens_per_step: int = 4
+    """GPU-like mode: tokens decoded per engine step (fewer, longer steps keep the loop cheap)."""
+    max_waiting: int | None = None
+    """GPU-like mode: reject with 429 when the waiting queue is this long (None: unbounded)."""
+    queue_full_retry_after_s: float = 1.0
+    """Retry-After sent with a queue-full 429."""
+    cache_blocks: int = 100_000
+    """Prefix-cache capacity in 16-token blocks (LRU)."""
+    fault_rates: dict[str, float] = field(default_factory=dict)
+    """Random chaos: fault kind -> probability per request (see ``parse_fault_rates``)."""
+    seed: int = 0
+    """Seed for random faults; with the same request order the same requests fail."""
+    timeout_hold_s: float = 30.0
+    """How long a ``timeout`` fault holds the request before answering normally."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fault_rates, str):
+            self.fault_rates = parse_fault_rates(self.fault_rates)
+        if isinstance(self.models, str):
+            self.models = [self.models]
+        if not self.models:
+            self.models = [DEFAULT_MODEL]
+        if self.max_running < 1 or self.tokens_per_step < 1 or self.cache_blocks < 1:
+            raise ValueError("max_running, tokens_per_step and cache_blocks must be >= 1")
+
+    @property
+    def gpu_like(self) -> bool:
+        return self.fixed_ms is None
+
+
+def config_to_argv(config: SimConfig) -> list[str]:
+    """Command-line flags for ``python -m agentbatch.sim`` that reproduce ``config``."""
+    argv: list[str] = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if value is None or f.name == "accept_any_model":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "models":
+            for name in value:
+                argv += ["--model", name]
+        elif f.name == "fault_rates":
+            if value:
+                argv += ["--fault-rate", ",".join(f"{k}={v}" for k, v in value.items())]
+        else:
+            argv += [flag, str(value)]
+    if not config.accept_any_model:
+        argv.append("--strict-models")
+    return argv

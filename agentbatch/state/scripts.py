@@ -1,0 +1,35 @@
+"""Lua scripts beside the Redis code, registered once per client."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+_LUA_DIR = Path(__file__).with_name("lua")
+NAMES = ("claim", "commit", "renew", "release", "record_tool", "sem_acquire", "tool_lead",
+         "lock_renew",
+         "tool_finish")
+
+
+@cache
+def source(name: str) -> str:
+    return (_LUA_DIR / f"{name}.lua").read_text()
+
+
+class Scripts:
+    """``scripts.claim(keys=[...], args=[...])`` runs EVALSHA, loading the script on a miss."""
+
+    def __init__(self, client: Any) -> None:
+        for name in NAMES:
+            setattr(self, name, client.register_script(source(name)))
+
+    claim: Any
+    commit: Any
+    renew: Any
+    release: Any
+    record_tool: Any
+    sem_acquire: Any
+    tool_lead: Any
+    tool_finish: Any
+    lock_renew: Any

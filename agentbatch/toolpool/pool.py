@@ -1,0 +1,286 @@
+"""``ToolPool``: runs the model's tool calls for every agent of a batch.
+
+A failing tool is not a failing agent, so ``run`` turns every tool-side failure (unknown tool,
+bad arguments, exception, timeout) into an ``ok=False`` outcome the model can read and react
+to. Only cancellation of the caller itself propagates.
+
+Per call: validate the arguments, then serve from the result cache (cacheable tools only), else
+join or start the shared execution of identical in-flight calls. The shared execution waits
+for the tool's rate limit, runs the function (sync functions in a worker thread) under the
+tool's timeout, and caches successes. Errors are never cached.
+
+Coalesced executions run with the *leader's* ``ToolContext`` (the caller that started them):
+identical calls from other agents share that single execution and its idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pydantic_core
+from pydantic import BaseModel
+
+from ..errors import BatchSpecError, ToolError
+from ..model_io import ToolCall, ToolOutcome
+from .cache import ResultCache, TTLCache
+from .coalesce import Coalescer, InflightCoalescer
+from .context import ToolContext
+from .ratelimit import TokenBucket
+from .schema import ArgumentsInvalid, ValidatedArgs
+from .tool import Tool, resolve_tool
+
+__all__ = ["ToolPool", "to_text"]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN = "(unknown tool)"
+_COUNTERS = ("calls", "executions", "cache_hits", "coalesced", "errors", "timeouts")
+
+
+class ToolPool:
+    """The tools of one batch, with shared coalescing, caching, rate limits and timeouts.
+
+    ``coalescer`` defaults to an in-process ``InflightCoalescer`` and ``cache`` to an in-process
+    ``TTLCache``; pass Redis-backed implementations to share them across a worker fleet.
+    ``tools`` may also hold "module:attr" import paths (how workers rebuild the pool).
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | str],
+        *,
+        coalescer: Coalescer | None = None,
+        cache: ResultCache | None = None,
+        cache_ttl: float = 3600.0,
+        default_timeout: float | None = None,
+    ) -> None:
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            t = resolve_tool(item)
+            if t.name in self._tools:
+                raise BatchSpecError(f"duplicate tool name {t.name!r}: tool names must be unique")
+            self._tools[t.name] = t
+        if default_timeout is not None and not default_timeout > 0:
+            raise BatchSpecError("default_timeout must be positive")
+        if not cache_ttl > 0:
+            raise BatchSpecError("cache_ttl must be positive")
+        self.default_timeout = default_timeout
+        self.cache_ttl = cache_ttl
+        self._coalescer: Coalescer = coalescer if coalescer is not None else InflightCoalescer()
+        self._cache: ResultCache = cache if cache is not None else TTLCache(ttl=cache_ttl)
+        self._buckets = {
+            t.name: TokenBucket(t.rate_limit) for t in self._tools.values() if t.rate_limit
+        }
+        self._stats: dict[str, dict[str, int]] = {}
+
+    # -- introspection -------------------------------------------------------------------
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        return tuple(self._tools.values())
+
+    @property
+    def coalescer(self) -> Coalescer:
+        return self._coalescer
+
+    @property
+    def cache(self) -> ResultCache:
+        return self._cache
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas in the order the tools were given (part of the cached prefix)."""
+        return [t.openai_schema() for t in self._tools.values()]
+
+    def call_key(self, tool: Tool, args: ValidatedArgs) -> str:
+        """The cache and coalescing key: the same call from any agent gives the same key."""
+        return f"{tool.name}:{args.canonical}"
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (totals plus ``by_tool``): calls, executions, cache_hits, coalesced, ..."""
+        by_tool = {name: dict(c) for name, c in self._stats.items()}
+        totals = {k: sum(c[k] for c in by_tool.values()) for k in _COUNTERS}
+        return {**totals, "by_tool": by_tool}
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(self, call: ToolCall, ctx: ToolContext, *,
+                  timeout: float | None = None) -> ToolOutcome:
+        """Run one call; tool failures come back as ``ok=False`` outcomes, never exceptions."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            # Counted under one name: invented names must not grow the stats without bound.
+            self._bump(_UNKNOWN, "calls")
+            self._bump(_UNKNOWN, "errors")
+            names = ", ".join(self._tools) or "(none)"
+            message = f"error: unknown tool {call.name!r}; available tools: {names}"
+            return ToolOutcome(call_id=call.id, name=call.name, content=message, ok=False)
+        self._bump(call.name, "calls")
+        if call.arguments_error is not None:
+            return self._error(
+                call,
+                f"error: the arguments for tool {call.name!r} were not valid JSON "
+                f"({call.arguments_error}); send a JSON object matching the tool's parameters",
+            )
+        try:
+            args = tool.spec.validate(call.arguments, tool_name=tool.name)
+        except ArgumentsInvalid as exc:
+            return self._error(call, str(exc))
+
+        limit = next(
+            (t for t in (timeout, tool.timeout, self.default_timeout) if t is not None), None
+        )
+        state: dict[str, bool] = {}
+        try:
+            resolving = self._resolve(tool, args, ctx, state)
+            if limit is None:
+                text, cached, shared = await resolving
+            else:
+                text, cached, shared = await asyncio.wait_for(resolving, limit)
+        except asyncio.TimeoutError:
+            self._bump(tool.name, "timeouts")
+            return self._error(call, _timeout_message(tool.name, limit))
+        except ToolError as exc:
+            if isinstance(exc, _ExecutionTimeout):
+                self._bump(tool.name, "timeouts")
+            return self._error(call, str(exc) or f"error: {type(exc).__name__}",
+                               shared=not state.get("started", False))
+        except Exception as exc:  # a cache or coalescer backend failing: still an outcome
+            log.warning("tool %r: infrastructure failure", tool.name, exc_info=True)
+            return self._error(call, _describe(exc))
+        if cached:
+            self._bump(tool.name, "cache_hits")
+        if shared:
+            self._bump(tool.name, "coalesced")
+        return ToolOutcome(call_id=call.id, name=call.name, content=text,
+                           cached=cached, coalesced=shared)
+
+    async def run_many(self, calls: list[ToolCall], ctx_for: Callable[[ToolCall], ToolContext],
+                       *, timeout: float | None = None) -> list[ToolOutcome]:
+        """Run calls concurrently; outcomes come back in call order."""
+        contexts = [ctx_for(c) for c in calls]
+        runs = (self.run(c, x, timeout=timeout) for c, x in zip(calls, contexts, strict=True))
+        return list(await asyncio.gather(*runs))
+
+    async def _resolve(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext,
+                       state: dict[str, bool]) -> tuple[str, bool, bool]:
+        """(text, served from cache, shared another caller's execution)."""
+        key = self.call_key(tool, args)
+        if tool.cacheable:
+            hit = await self._cache_get(key)
+            if hit is not None:
+                return hit, True, False
+
+        async def execute() -> str:
+            state["started"] = True
+            if tool.cacheable:  # an identical call may have filled the cache meanwhile
+                hit = await self._cache_get(key)
+                if hit is not None:
+                    state["cached"] = True
+                    return hit
+            text = await self._execute(tool, args, ctx)
+            if tool.cacheable:
+                await self._cache_set(key, text)
+            return text
+
+        text, shared = await self._coalescer.run(key, execute)
+        return text, state.get("cached", False) and not shared, shared
+
+    async def _execute(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext) -> str:
+        """The shared execution: rate limit, then the function under the tool's timeout."""
+        bucket = self._buckets.get(tool.name)
+        if bucket is not None:
+            await bucket.acquire()
+        kwargs = dict(args.kwargs)
+        if tool.spec.context_param:
+            kwargs[tool.spec.context_param] = ctx
+        self._bump(tool.name, "executions")
+        limit = tool.timeout if tool.timeout is not None else self.default_timeout
+        invocation = _invoke(tool, kwargs)
+        if limit is None:
+            return await invocation
+        try:
+            return await asyncio.wait_for(invocation, limit)
+        except asyncio.TimeoutError:
+            raise _ExecutionTimeout(_timeout_message(tool.name, limit)) from None
+
+    async def _cache_get(self, key: str) -> str | None:
+        try:
+            return await self._cache.get(key)
+        except Exception:  # a cache outage degrades to executing, not to failing
+            log.warning("tool cache get failed", exc_info=True)
+            return None
+
+    async def _cache_set(self, key: str, value: str) -> None:
+        try:
+            await self._cache.set(key, value, self.cache_ttl)
+        except Exception:
+            log.warning("tool cache set failed", exc_info=True)
+
+    def _bump(self, name: str, counter: str) -> None:
+        counters = self._stats.get(name)
+        if counters is None:
+            counters = self._stats[name] = dict.fromkeys(_COUNTERS, 0)
+        counters[counter] += 1
+
+    def _error(self, call: ToolCall, message: str, *, shared: bool = False) -> ToolOutcome:
+        self._bump(call.name, "errors")
+        if shared:
+            self._bump(call.name, "coalesced")
+        return ToolOutcome(call_id=call.id, name=call.name, content=message, ok=False,
+                           coalesced=shared)
+
+
+class _ExecutionTimeout(ToolError):
+    """The shared execution exceeded the tool's timeout (every waiter gets this)."""
+
+
+async def _invoke(tool: Tool, kwargs: dict[str, Any]) -> str:
+    """Call the function; any exception becomes a ``ToolError`` carrying the model's text."""
+    try:
+        if tool.is_async:
+            result = await tool.fn(**kwargs)
+        else:
+            result = await asyncio.to_thread(tool.fn, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        return to_text(result)
+    except ToolError as exc:
+        if not str(exc):
+            raise ToolError(f"error: {type(exc).__name__}") from exc
+        raise
+    except Exception as exc:
+        raise ToolError(_describe(exc)) from exc
+
+
+def to_text(result: Any) -> str:
+    """A tool result as the text the model sees: strings as-is, everything else as JSON."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, BaseModel):
+        return result.model_dump_json()
+    try:
+        return pydantic_core.to_json(result, fallback=str).decode()
+    except Exception:
+        return str(result)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"error: {type(exc).__name__}: {text}" if text else f"error: {type(exc).__name__}"
+
+
+def _timeout_message(name: str, seconds: float) -> str:
+    return f"error: tool {name!r} timed out after {seconds:g}s"

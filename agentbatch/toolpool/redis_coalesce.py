@@ -1,0 +1,169 @@
+"""Fleet-wide coalescing and caching of tool calls through Redis.
+
+Identical calls on any worker run once: the first caller takes a lock keyed by the call,
+runs it, stores the outcome briefly and publishes a note; the others wait on that note
+(pub/sub, no polling). A leader that dies stops renewing its lock; when it expires a waiter
+takes over, so no call waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import ToolError
+from ..state.keys import TOOL_DONE_CHANNEL, tool_cache, tool_lock, tool_result
+from ..state.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+class DoneHub:
+    """One pub/sub subscription per process; routes "<hash>:<token>" notes to waiters."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(TOOL_DONE_CHANNEL)
+                self._ready.set()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self._wake(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # reconnect; waiters fall back on their timeouts meanwhile
+                log.warning("tool pub/sub connection lost; resubscribing", exc_info=True)
+                self._ready.clear()
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _wake(self, note: str) -> None:
+        for fut in self._waiters.pop(note, []):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def expect(self, note: str) -> asyncio.Future[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._listen(), name="agentbatch-tool-hub")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), 2.0)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(note, []).append(fut)
+        return fut
+
+    def forget(self, note: str, fut: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(note)
+        if waiters and fut in waiters:
+            waiters.remove(fut)
+            if not waiters:
+                del self._waiters[note]
+
+
+class RedisCoalescer:
+    """Implements the ``Coalescer`` protocol across every worker sharing one Redis."""
+
+    def __init__(self, client: Any, scripts: Scripts, hub: DoneHub, *,
+                 lock_ttl_ms: int = 30_000, result_ttl_s: int = 120) -> None:
+        self._r = client
+        self._s = scripts
+        self._hub = hub
+        self.lock_ttl_ms = lock_ttl_ms
+        self.result_ttl_s = result_ttl_s
+
+    async def run(self, key: str, thunk: Callable[[], Awaitable[str]]) -> tuple[str, bool]:
+        h = key_hash(key)
+        token = uuid.uuid4().hex
+        while True:
+            lead, leader, pttl = await self._s.tool_lead(keys=[tool_lock(h)],
+                                                         args=[token, self.lock_ttl_ms])
+            if int(lead) == 1:
+                return await self._lead(h, token, thunk), False
+            if not leader:
+                continue  # the lock vanished between SET and GET: try again
+            payload = await self._wait(h, leader, max(int(pttl), 100))
+            if payload is not None:
+                if payload["ok"]:
+                    return payload["text"], True
+                raise ToolError(payload["error"])
+            # the leader's lock expired without an outcome: it died; try to lead
+
+    async def _lead(self, h: str, token: str, thunk: Callable[[], Awaitable[str]]) -> str:
+        # The shared run is its own task: a leader whose caller is cancelled must not
+        # cancel the run for the other workers' waiters.
+        task = asyncio.ensure_future(self._lead_run(h, token, thunk))
+        return await asyncio.shield(task)
+
+    async def _lead_run(self, h: str, token: str, thunk: Callable[[], Awaitable[str]]) -> str:
+        renewer = asyncio.create_task(self._renew(h, token))
+        payload: dict[str, Any] = {"ok": False, "error": "the shared tool execution was interrupted"}
+        try:
+            text = await thunk()
+            payload = {"ok": True, "text": text}
+            return text
+        except ToolError as exc:
+            payload = {"ok": False, "error": str(exc)}
+            raise
+        finally:
+            renewer.cancel()
+            await asyncio.shield(self._finish(h, token, payload))
+
+    async def _finish(self, h: str, token: str, payload: dict[str, Any]) -> None:
+        await self._s.tool_finish(
+            keys=[tool_lock(h), tool_result(h, token)],
+            args=[token, json.dumps(payload), self.result_ttl_s, TOOL_DONE_CHANNEL,
+                  f"{h}:{token}"],
+        )
+
+    async def _renew(self, h: str, token: str) -> None:
+        while True:
+            await asyncio.sleep(self.lock_ttl_ms / 3000)
+            with contextlib.suppress(Exception):
+                await self._s.lock_renew(keys=[tool_lock(h)], args=[token, self.lock_ttl_ms])
+
+    async def _wait(self, h: str, leader: str, pttl_ms: int) -> dict[str, Any] | None:
+        note = f"{h}:{leader}"
+        fut = await self._hub.expect(note)  # subscribe before looking: no lost wake-up
+        try:
+            raw = await self._r.get(tool_result(h, leader))
+            if raw is None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), pttl_ms / 1000 + 0.5)
+                raw = await self._r.get(tool_result(h, leader))
+                if raw is None and await self._r.get(tool_lock(h)) == leader:
+                    return await self._wait(h, leader, self.lock_ttl_ms)  # renewed: keep waiting
+        finally:
+            self._hub.forget(note, fut)
+        return json.loads(raw) if raw else None
+
+
+class RedisResultCache:
+    """``ResultCache`` for cacheable tools, shared by the fleet, with a TTL per entry."""
+
+    def __init__(self, client: Any) -> None:
+        self._r = client
+
+    async def get(self, key: str) -> str | None:
+        return await self._r.get(tool_cache(key_hash(key)))
+
+    async def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        px = max(int(ttl * 1000), 1) if ttl else None
+        await self._r.set(tool_cache(key_hash(key)), value, px=px)

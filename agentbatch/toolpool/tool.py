@@ -1,0 +1,196 @@
+"""``Tool``: a function the model may call, with its schema and execution policy.
+
+A ``Tool`` is plain data plus a callable, so it can be shared by every agent of a batch. For
+distributed runs a worker process cannot receive the function itself, so each Tool carries an
+``import_path`` ("module:attr") from which the worker re-imports the very same object.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, overload
+
+from ..errors import BatchSpecError
+from .context import ToolContext
+from .schema import ArgSpec, build_arg_spec
+
+__all__ = ["Tool", "ToolContext", "is_async_callable", "resolve_tool", "tool"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI and Anthropic APIs accept
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the model can invoke.
+
+    Built by ``@tool`` (which derives ``parameters`` and ``description`` from the signature and
+    docstring) or directly, in which case missing ``parameters``/``description`` are derived the
+    same way. Arguments are always validated against the function's signature.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    description: str = ""
+    parameters: dict[str, Any] | None = field(default=None, compare=False)  # JSON schema, object
+    cacheable: bool = False  # pure function of its arguments: results may be cached and shared
+    rate_limit: float | None = None  # max executions per second (token bucket, burst 1)
+    timeout: float | None = None  # seconds per execution
+    import_path: str | None = None  # "module:attr" a worker process re-imports this Tool from
+    spec: ArgSpec = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    # Built-in tools, attached by ``agentbatch.toolpool.builtins`` (avoids a circular import).
+    read_file: ClassVar[Tool]
+    http_get: ClassVar[Tool]
+    web_search: ClassVar[Tool]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise BatchSpecError(
+                f"tool name {self.name!r} must be 1-64 characters of letters, digits, '_' or '-'"
+            )
+        if not callable(self.fn):
+            raise BatchSpecError(f"tool {self.name!r}: fn is not callable")
+        for label, value in (("rate_limit", self.rate_limit), ("timeout", self.timeout)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise BatchSpecError(f"tool {self.name!r}: {label} must be a positive number")
+        spec = self.spec if self.spec is not None else build_arg_spec(self.fn, name=self.name)
+        object.__setattr__(self, "spec", spec)
+        if self.parameters is None:
+            object.__setattr__(self, "parameters", copy.deepcopy(spec.schema))
+        elif not isinstance(self.parameters, dict) or self.parameters.get("type") != "object":
+            raise BatchSpecError(f"tool {self.name!r}: parameters must be an object JSON schema")
+        if not self.description:
+            object.__setattr__(self, "description", spec.description)
+        object.__setattr__(self, "__wrapped__", self.fn)  # inspect.signature(tool) shows fn's
+        object.__setattr__(self, "__doc__", getattr(self.fn, "__doc__", None))
+
+    @property
+    def is_async(self) -> bool:
+        """Whether ``fn`` is a coroutine function (else the pool runs it in a thread)."""
+        return is_async_callable(self.fn)
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool entry (a fresh copy: callers may not corrupt the original)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(self.parameters),
+            },
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function directly, so decorated functions stay usable as functions."""
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The pydantic model in ``spec`` is built at runtime and cannot be pickled; re-import
+        # by path when there is one, else rebuild from the (picklable) function.
+        if self.import_path:
+            return resolve_tool, (self.import_path,)
+        return Tool, (self.name, self.fn, self.description, self.parameters, self.cacheable,
+                      self.rate_limit, self.timeout, None)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None, /, *, name: str | None = None, cacheable: bool = False,
+    rate_limit: float | None = None, timeout: float | None = None,
+    description: str | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, cacheable: bool = False,
+    rate_limit: float | None = None, timeout: float | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a sync or async function into a ``Tool``; use as ``@tool`` or ``@tool(...)``.
+
+    A parameter annotated ``ToolContext`` receives the call's context and is hidden from the
+    model. ``cacheable=True`` promises the result depends only on the arguments.
+    """
+    # The decorating scope's locals resolve string annotations of nested functions under
+    # ``from __future__ import annotations`` (e.g. a model class defined in the same function).
+    frame = sys._getframe(1)
+    caller_locals = dict(frame.f_locals) if frame.f_locals is not frame.f_globals else None
+    del frame
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        if isinstance(f, Tool):
+            f = f.fn
+        tool_name = name or getattr(f, "__name__", None)
+        if not tool_name:
+            raise BatchSpecError(f"cannot infer a tool name for {f!r}; pass name=")
+        spec = build_arg_spec(f, name=tool_name, localns=caller_locals)
+        return Tool(
+            name=tool_name,
+            fn=f,
+            description=description if description is not None else spec.description,
+            parameters=copy.deepcopy(spec.schema),
+            cacheable=cacheable,
+            rate_limit=rate_limit,
+            timeout=timeout,
+            import_path=_import_path(f),
+            spec=spec,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def resolve_tool(obj_or_path: Tool | str) -> Tool:
+    """A Tool as given, or re-imported from "module:attr" (how worker processes get tools)."""
+    if isinstance(obj_or_path, Tool):
+        return obj_or_path
+    if not isinstance(obj_or_path, str):
+        raise BatchSpecError(f"tool {obj_or_path!r}: expected a Tool or a 'module:attr' string")
+    path = obj_or_path
+    module_name, sep, attr = path.partition(":")
+    if not (sep and module_name and attr):
+        raise BatchSpecError(f"tool {path!r}: expected an import path of the form 'module:attr'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise BatchSpecError(
+            f"tool {path!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except AttributeError:
+        raise BatchSpecError(
+            f"tool {path!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
+    if not isinstance(target, Tool):
+        raise BatchSpecError(
+            f"tool {path!r} is a {type(target).__name__}, not a Tool (decorate it with @tool)"
+        )
+    return target
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """A coroutine function, or a callable instance whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _import_path(fn: Callable[..., Any]) -> str | None:
+    """ "module:qualname" for a module-level function (where the decorated Tool will live)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or "." in qualname:
+        return None
+    return f"{module}:{qualname}"

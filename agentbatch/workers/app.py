@@ -1,0 +1,85 @@
+"""The Celery app: JSON only, late acks, one reserved task per slot, two routed queues.
+
+Every setting here is chosen for agent turns (seconds long, IO-bound, redeliverable) and is
+checked against Celery 5.7 / kombu 5.7; see shared CELERY_NOTES.md.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+INFERENCE_QUEUE = "inference"
+TOOLS_QUEUE = "tools"
+TURN_TASK = "agentbatch.turn"
+TOOL_TASK = "agentbatch.tool"
+SWEEP_TASK = "agentbatch.sweep"
+PRIORITY_STEPS = [0, 3, 6, 9]  # kombu's default; each step is its own Redis list
+
+
+def celery_config(redis_url: str) -> dict[str, Any]:
+    transport = {
+        "queue_order_strategy": "priority",  # near-done agents first (0 is highest)
+        "priority_steps": PRIORITY_STEPS,
+        # Celery's own redelivery is a slow backstop; leases + the sweep own recovery.
+        "visibility_timeout": int(os.environ.get("AGENTBATCH_VISIBILITY_TIMEOUT_S", "3600")),
+        "health_check_interval": 10,  # celery#8030: notice dead broker connections
+        "socket_timeout": 30,
+        "socket_connect_timeout": 10,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+    }
+    return {
+        "broker_url": redis_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],  # never pickle: it runs code on load
+        "event_serializer": "json",
+        "task_ignore_result": True,  # results travel on our Redis stream
+        "result_backend": None,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure": True,  # a raising task is a bug; the sweep recovers its agent
+        "worker_prefetch_multiplier": 1,
+        "worker_disable_prefetch": True,  # fetch only when a slot is free (Redis, 5.6+)
+        "task_queues": [Queue(INFERENCE_QUEUE), Queue(TOOLS_QUEUE)],
+        "task_default_queue": INFERENCE_QUEUE,
+        "task_routes": {
+            TURN_TASK: {"queue": INFERENCE_QUEUE},
+            TOOL_TASK: {"queue": TOOLS_QUEUE},
+            SWEEP_TASK: {"queue": INFERENCE_QUEUE},
+        },
+        "task_default_priority": 9,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_channel_error_retry": True,
+        "broker_pool_limit": 64,
+        "worker_send_task_events": True,  # Flower
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }
+
+
+def make_app(redis_url: str) -> Celery:
+    app = Celery("agentbatch", set_as_current=False)
+    app.conf.update(celery_config(redis_url))
+    return app
+
+
+@cache
+def client_app(redis_url: str) -> Celery:
+    """A sending-only app per URL for submitters (tasks are sent by name)."""
+    return make_app(redis_url)
+
+
+def priority_for(turns_left: int) -> int:
+    """Fewer turns left → higher priority (lower number)."""
+    return PRIORITY_STEPS[min(max(turns_left, 1), len(PRIORITY_STEPS)) - 1]
+
+
+app = make_app(os.environ.get("AGENTBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))

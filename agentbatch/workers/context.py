@@ -1,0 +1,146 @@
+"""Per-process worker resources: one Redis client, loaded batches, backends, semaphores.
+
+Everything here lives on the process's asyncio loop (see ``loop.py``) and is shared by every
+task thread of the process, so connection pools and loaded tools are reused across turns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import Backend
+from ..backends.setup import open_backend
+from ..errors import BatchSpecError
+from ..orchestrator.options import DEFAULT_MAX_INFLIGHT
+from ..orchestrator.output import OutputContract
+from ..orchestrator.plan import BatchPlan
+from ..orchestrator.runtime import BatchRuntime, load_schema, load_tools
+from ..orchestrator.turns import TurnPolicy
+from ..state.connection import async_client
+from ..state.redis_store import BatchStore
+from ..state.scripts import Scripts
+from ..state.semaphore import RedisSemaphore
+from ..toolpool import ToolPool
+from ..toolpool.redis_coalesce import DoneHub, RedisCoalescer, RedisResultCache
+from .settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+_MAX_LOADED_BATCHES = 64
+
+
+@dataclass
+class LoadedBatch:
+    """A batch as this process can run it; ``error`` set when its tools/schema won't import."""
+
+    plan: BatchPlan
+    store: BatchStore
+    policy: TurnPolicy
+    runtime: BatchRuntime | None
+    error: str | None = None
+    error_kind: str = "tool_import"
+
+
+class WorkerContext:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.redis = async_client(settings.redis_url)
+        self.scripts = Scripts(self.redis)
+        self.hub = DoneHub(self.redis)
+        self.coalescer = RedisCoalescer(self.redis, self.scripts, self.hub)
+        self.cache = RedisResultCache(self.redis)
+        self.stats: Counter[str] = Counter()
+        self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
+        self._backends: dict[tuple[str, ...], Backend] = {}
+        self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}
+
+    def store(self, batch_id: str) -> BatchStore:
+        return BatchStore(self.redis, self.scripts, batch_id)
+
+    async def batch(self, batch_id: str) -> LoadedBatch | None:
+        """The loaded batch, or None when Redis has no such batch (finished long ago or lost)."""
+        loaded = self._batches.get(batch_id)
+        if loaded is not None:
+            self._batches.move_to_end(batch_id)
+            return loaded
+        store = self.store(batch_id)
+        plan = await store.load_plan()
+        if plan is None:
+            return None
+        loaded = self._load(plan, store)
+        self._batches[batch_id] = loaded
+        while len(self._batches) > _MAX_LOADED_BATCHES:
+            self._batches.popitem(last=False)
+        return loaded
+
+    def _load(self, plan: BatchPlan, store: BatchStore) -> LoadedBatch:
+        try:
+            tools = load_tools(plan)
+        except BatchSpecError as exc:
+            return self._broken(plan, store, str(exc), "tool_import")
+        try:
+            schema = load_schema(plan)
+        except BatchSpecError as exc:
+            return self._broken(plan, store, str(exc), "schema_import")
+        contract = OutputContract(schema)
+        pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache)
+        backend = self._backend(plan)
+        rt = BatchRuntime(plan=plan, contract=contract, tools=pool, backend=backend)
+        return LoadedBatch(plan=plan, store=store, policy=rt.policy, runtime=rt)
+
+    def _broken(self, plan: BatchPlan, store: BatchStore, error: str,
+                kind: str) -> LoadedBatch:
+        log.error("batch %s cannot run on this worker: %s", plan.batch_id, error)
+        policy = TurnPolicy(max_turns=plan.max_turns, max_retries=plan.max_retries,
+                            parse_output=OutputContract(None).parse)
+        return LoadedBatch(plan=plan, store=store, policy=policy, runtime=None, error=error,
+                           error_kind=kind)
+
+    def _backend(self, plan: BatchPlan) -> Backend:
+        key = tuple(plan.backends)
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = open_backend(plan.backends, timeout=plan.timeout_per_turn)
+            self._backends[key] = backend
+        return backend
+
+    def semaphore(self, plan: BatchPlan, backend: Backend) -> RedisSemaphore:
+        limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
+                                         DEFAULT_MAX_INFLIGHT)
+        name = hashlib.sha1("|".join(plan.backends).encode()).hexdigest()[:16]
+        sem = self._semaphores.get((name, limit))
+        if sem is None:
+            sem = RedisSemaphore(self.redis, self.scripts, name, limit,
+                                 ttl_ms=self.settings.lease_ttl_ms)
+            self._semaphores[(name, limit)] = sem
+        return sem
+
+    async def note(self, batch_id: str, what: str, n: int = 1) -> None:
+        """Count an event both locally and on the batch (the chaos report reads these)."""
+        self.stats[what] += n
+        try:
+            await self.redis.hincrby(self.store(batch_id).k.meta, f"stat:{what}", n)
+        except Exception:  # statistics must never break a turn
+            log.debug("could not record stat %s", what, exc_info=True)
+
+    async def aclose(self) -> None:
+        for backend in self._backends.values():
+            await backend.aclose()
+        await self.redis.aclose()
+
+
+_context: WorkerContext | None = None
+_context_pid: int | None = None
+
+
+def worker_context(settings: Any = None) -> WorkerContext:
+    """This process's context (created on first use, fresh after a fork)."""
+    global _context, _context_pid
+    if _context is None or _context_pid != os.getpid():
+        _context = WorkerContext(settings or WorkerSettings.from_env())
+        _context_pid = os.getpid()
+    return _context

@@ -1,0 +1,156 @@
+"""What one turn task and one tool task do. The state machine decides; this moves state.
+
+Each function claims or checks the agent's version, performs the one action the state
+machine asked for, and commits the next state with a compare-and-set. It returns the
+follow-up tasks to send; the Celery task sends them after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from ..orchestrator.agent_state import AgentState, AgentStatus
+from ..orchestrator.finish import result_from_state
+from ..orchestrator.turn_io import call_model, tool_context
+from ..orchestrator.turns import (
+    Abandoned,
+    CallModel,
+    Cancelled,
+    Event,
+    InvalidTransition,
+    ToolsFinished,
+    next_action,
+    step,
+)
+from ..state.redis_store import BatchStore, now_ms
+from .context import LoadedBatch, WorkerContext
+from .dispatch import Followup, followups_for
+
+log = logging.getLogger(__name__)
+
+
+def deadline_for(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState) -> int:
+    """When the sweep should assume this agent's next task was lost."""
+    extra = 0.0
+    if state.status is AgentStatus.AWAITING_TOOLS:
+        extra = loaded.plan.timeout_per_tool or 0.0
+    return now_ms() + ctx.settings.queue_grace_ms + int(extra * 1000)
+
+
+async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
+                 token: str = "") -> list[Followup]:
+    """Compare-and-set ``old`` → ``new``; the follow-ups if we won, nothing if we lost."""
+    result_json = ""
+    if new.terminal:
+        latency = max(time.time() - loaded.plan.created_at, 0.0)
+        result_json = result_from_state(new, latency).model_dump_json()
+    won = await loaded.store.commit(old, new, token=token, result_json=result_json,
+                                    deadline_ms=deadline_for(ctx, loaded, new),
+                                    audit=ctx.settings.audit)
+    if not won:
+        await ctx.note(loaded.plan.batch_id, "dropped_conflict")
+        return []
+    return followups_for(loaded.plan.batch_id, loaded.policy, new)
+
+
+@contextlib.asynccontextmanager
+async def lease_renewal(ctx: WorkerContext, store: BatchStore, index: int,
+                        token: str) -> AsyncIterator[None]:
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ctx.settings.lease_ttl_s / 3)
+            with contextlib.suppress(Exception):
+                await store.renew(index, token, ctx.settings.lease_ttl_ms)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
+                   version: int) -> list[Followup]:
+    loaded = await ctx.batch(batch_id)
+    if loaded is None:
+        log.warning("turn for unknown batch %s (finished and expired, or lost)", batch_id)
+        return []
+    store = loaded.store
+    token = uuid.uuid4().hex
+    claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms)
+    if claim.kind != "ok" or claim.state is None:
+        await ctx.note(batch_id, f"dropped_{claim.kind}")
+        return []
+    state = claim.state
+    try:
+        event = await _turn_event(ctx, loaded, state, token, claim.cancelled)
+        new = step(loaded.policy, state, event)
+    except InvalidTransition:
+        await store.release(index, token)
+        await ctx.note(batch_id, "dropped_invalid")
+        return []
+    except BaseException:
+        await asyncio.shield(store.release(index, token))
+        raise
+    return await commit(ctx, loaded, state, new, token)
+
+
+async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, token: str,
+                      cancelled: bool) -> Event:
+    if cancelled:
+        return Cancelled()
+    if loaded.runtime is None:
+        return Abandoned(loaded.error_kind, loaded.error or "the batch cannot run here")
+    action = next_action(loaded.policy, state)
+    if not isinstance(action, CallModel):
+        raise InvalidTransition(f"agent {state.index} is not waiting on the model")
+    rt = loaded.runtime
+    sem = ctx.semaphore(loaded.plan, rt.backend)
+    async with lease_renewal(ctx, loaded.store, state.index, token), sem.slot():
+        return await call_model(rt, state, action)
+
+
+async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
+                   call_id: str) -> list[Followup]:
+    loaded = await ctx.batch(batch_id)
+    if loaded is None:
+        return []
+    store = loaded.store
+    state, recorded, cancelled = await store.load_for_tool(index, version, call_id)
+    if state is None or state.status is not AgentStatus.AWAITING_TOOLS:
+        await ctx.note(batch_id, "dropped_stale")
+        return []
+    if cancelled or loaded.runtime is None:
+        event: Event = Cancelled() if cancelled else Abandoned(
+            loaded.error_kind, loaded.error or "the batch cannot run here")
+        return await commit(ctx, loaded, state, step(loaded.policy, state, event))
+    if recorded:
+        await ctx.note(batch_id, "dropped_duplicate")
+    else:
+        call = next((c for c in state.pending_calls if c.id == call_id), None)
+        if call is None:
+            await ctx.note(batch_id, "dropped_stale")
+            return []
+        rt = loaded.runtime
+        outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
+                                     timeout=loaded.plan.timeout_per_tool)
+        await ctx.note(batch_id, "tool_calls")
+        if await store.record_tool(index, version, outcome) < 0:
+            await ctx.note(batch_id, "dropped_stale")
+            return []
+    return await finish_tools(ctx, loaded, state)
+
+
+async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch,
+                       state: AgentState) -> list[Followup]:
+    """If every call of this tool round has an outcome, move the agent on (once: CAS)."""
+    outcomes = await loaded.store.tool_outcomes(state.index, state.version)
+    if any(c.id not in outcomes for c in state.pending_calls):
+        return []
+    new = step(loaded.policy, state, ToolsFinished(list(outcomes.values())))
+    return await commit(ctx, loaded, state, new)

@@ -1,0 +1,77 @@
+"""The Celery tasks. Thin: run the async step on the process loop, then send follow-ups.
+
+A task never raises for an agent's failure (that is a result with a structured error). If it
+raises at all (Redis unreachable mid-turn), it is acked and logged, and the recovery sweep
+re-sends the agent's work once its progress deadline passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import signals
+
+from . import loop
+from .app import SWEEP_TASK, TOOL_TASK, TURN_TASK, app
+from .context import worker_context
+from .dispatch import publish
+from .steps import run_tool, run_turn
+from .sweep import sweep_once
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name=TURN_TASK, bind=True)
+def turn_task(self, batch_id: str, index: int, version: int, turn: int = 0) -> None:
+    """One model turn of agent ``index`` at ``version`` (``turn`` is for people reading Flower)."""
+    followups = loop.run(run_turn(worker_context(), batch_id, index, version))
+    publish(self.app, followups)
+
+
+@app.task(name=TOOL_TASK, bind=True)
+def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
+              tool: str = "") -> None:
+    """One tool call of agent ``index`` at ``version`` (``tool`` names it for Flower)."""
+    followups = loop.run(run_tool(worker_context(), batch_id, index, version, call_id))
+    publish(self.app, followups)
+
+
+@app.task(name=SWEEP_TASK, bind=True)
+def sweep_task(self) -> int:
+    """Run one recovery sweep now (the workers also sweep on a timer)."""
+    followups = loop.run(sweep_once(worker_context()))
+    publish(self.app, followups)
+    return len(followups)
+
+
+class Sweeper(threading.Thread):
+    """Runs the sweep every ``sweep_interval_s`` in each worker; a Redis lock lets one act."""
+
+    def __init__(self) -> None:
+        super().__init__(name="agentbatch-sweeper", daemon=True)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        interval = worker_context().settings.sweep_interval_s
+        while not self.stop.wait(interval):
+            try:
+                publish(app, loop.run(sweep_once(worker_context()), timeout=120))
+            except Exception:
+                log.warning("recovery sweep failed; will retry", exc_info=True)
+
+
+_sweeper: Sweeper | None = None
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_: object) -> None:
+    global _sweeper
+    _sweeper = Sweeper()
+    _sweeper.start()
+
+
+@signals.worker_shutting_down.connect
+def _stop_sweeper(**_: object) -> None:
+    if _sweeper is not None:
+        _sweeper.stop.set()

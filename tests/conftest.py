@@ -1,0 +1,69 @@
+"""Fixtures that start the real thing: redis-server, the simulator, worker processes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.server import SimServer
+from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerProcess
+
+needs_redis = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server binary not installed (apt-get install redis-server); "
+           ".ci/run installs it",
+)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not installed (.ci/run installs it)")
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A clean database on the session's throwaway server."""
+    import redis
+
+    client = redis.from_url(redis_server.url)
+    client.flushdb()
+    yield redis_server.url
+    client.close()
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(fixed_ms=5)) as server:
+        yield server
+
+
+@pytest.fixture
+def sim_url(sim: SimServer) -> str:
+    return "sim://" + sim.url.split("://", 1)[1]
+
+
+@pytest.fixture
+def start_workers(redis_url: str):
+    started: list[WorkerProcess] = []
+
+    def start(n: int = 1, **kwargs) -> list[WorkerProcess]:
+        procs = [WorkerProcess(redis_url, name=f"w{len(started) + i}", **kwargs)
+                 for i in range(n)]
+        for p in procs:
+            p.start(wait=False)
+        for p in procs:
+            p.wait_ready()
+        started.extend(procs)
+        return procs
+
+    yield start
+    for p in started:
+        p.stop(timeout=15)

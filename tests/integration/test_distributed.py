@@ -1,0 +1,172 @@
+"""The distributed engine over a real redis-server and real `agentbatch worker` processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import redis
+from pydantic import BaseModel
+
+from agentbatch import BatchSpecError, ConfigError, get_batch, submit_batch, tool
+from agentbatch.state.keys import BatchKeys
+from agentbatch.workers.app import TURN_TASK, client_app
+from tests.support.tools import Answer, always_fails, cached_lookup, lookup
+from tests.support.workers import REPO
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _submit(redis_url, sim_url, task, inputs, **kw):
+    kw.setdefault("model", "sim-model")
+    kw.setdefault("output_schema", Answer)
+    return submit_batch(task, inputs, backend=sim_url, redis_url=redis_url, **kw)
+
+
+def _stream_indices(redis_url, batch_id):
+    r = redis.from_url(redis_url, decode_responses=True)
+    return [int(f["i"]) for _, f in r.xrange(BatchKeys(batch_id).results)]
+
+
+def test_300_agents_with_tools_each_result_exactly_once(redis_url, sim_url, start_workers):
+    start_workers(2, concurrency=16)
+    task = ('Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}\n'
+            '@sim tool cached_lookup {{"key": "c{m}"}}')
+    inputs = [{"i": i, "m": i % 7} for i in range(300)]
+    handle = _submit(redis_url, sim_url, task, inputs, tools=[lookup, cached_lookup])
+    results = handle.wait(timeout=240)
+    assert [r.index for r in results] == list(range(300))
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    assert all(isinstance(r.output, Answer) and r.turns == 3 for r in results)
+    indices = _stream_indices(redis_url, handle.batch_id)
+    assert sorted(indices) == list(range(300))  # one stream entry per agent, no duplicates
+    assert handle.status()["finished"] == 1
+
+
+def test_one_tool_over_six_keys_runs_six_times_across_two_tool_workers(
+        redis_url, sim_url, start_workers):
+    start_workers(1, queues="inference", concurrency=16)
+    start_workers(2, queues="tools", concurrency=8)
+    task = 'Agent {i}.\n@sim tool cached_lookup {{"key": "key{k}"}}'
+    handle = _submit(redis_url, sim_url, task, [{"i": i, "k": i % 6} for i in range(300)],
+                     tools=[cached_lookup])
+    results = handle.wait(timeout=240)
+    assert all(r.ok for r in results)
+    r = redis.from_url(redis_url, decode_responses=True)
+    runs = {k: int(r.get(f"test:exec:cached_lookup:key{k}") or 0) for k in range(6)}
+    assert runs == dict.fromkeys(range(6), 1)
+    shared = sum(c.cached or c.coalesced for res in results for c in res.tool_calls)
+    assert shared == 294
+
+
+def test_duplicated_turn_task_is_dropped(redis_url, sim_url, start_workers):
+    handle = _submit(redis_url, sim_url, 'Agent {i}.\n@sim tool lookup {{"key": "dup"}}',
+                     [{"i": 0}], tools=[lookup])
+    app = client_app(redis_url)
+    app.send_task(TURN_TASK, args=[handle.batch_id, 0, 0, 1], queue="inference")  # a duplicate
+    start_workers(1, concurrency=4)
+    results = handle.wait(timeout=60)
+    assert results[0].ok and results[0].turns == 2
+    assert _stream_indices(redis_url, handle.batch_id) == [0]
+    status = handle.status()
+    dropped = sum(v for k, v in status.items() if k.startswith("stat:dropped"))
+    assert dropped >= 1, status
+    assert int(redis.from_url(redis_url).get("test:exec:lookup:dup")) == 1
+
+
+def test_reattach_from_another_process_and_resume_from_a_cursor(
+        redis_url, sim_url, start_workers):
+    start_workers(1, concurrency=16)
+    handle = _submit(redis_url, sim_url, "Agent {i}.", [{"i": i} for i in range(40)])
+    first = []
+    for result in handle.results(timeout=60):
+        first.append(result.index)
+        if len(first) == 10:
+            break
+    cursor = handle.cursor
+    rest = [r.index for r in get_batch(handle.batch_id, redis_url=redis_url)
+            .results(after=cursor, timeout=60)]
+    assert sorted(first + rest) == list(range(40))  # nothing lost, nothing twice
+    code = textwrap.dedent(f"""
+        import json
+        from agentbatch import get_batch
+        h = get_batch({handle.batch_id!r}, redis_url={redis_url!r})
+        rs = h.wait(timeout=60)
+        print(json.dumps([[r.index, r.ok, type(r.output).__name__] for r in rs]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=True).stdout
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [row[0] for row in rows] == list(range(40))
+    assert all(row[1] and row[2] == "Answer" for row in rows)
+
+
+def test_cancel_stops_remaining_turns(redis_url, sim_url, start_workers):
+    start_workers(1, concurrency=4, env={"TEST_TOOL_SLEEP_S": "2"})
+    handle = _submit(redis_url, sim_url, 'Agent {i}.\n@sim tool lookup {{"key": "c{i}"}}',
+                     [{"i": i} for i in range(20)], tools=[lookup])
+    handle.cancel()
+    results = handle.wait(timeout=90)
+    assert len(results) == 20
+    kinds = {r.error.kind for r in results if not r.ok}
+    assert kinds == {"cancelled"}
+    assert sum(not r.ok for r in results) >= 10
+
+
+def test_a_tool_workers_cannot_import_is_a_structured_error(
+        redis_url, sim_url, start_workers, tmp_path, monkeypatch):
+    (tmp_path / "private_tools.py").write_text(textwrap.dedent('''
+        from agentbatch import tool
+
+        @tool
+        def secret(x: str) -> str:
+            """Only this process can import me."""
+            return x
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import private_tools
+
+    start_workers(1, concurrency=4)
+    handle = _submit(redis_url, sim_url, 'Agent {i}.\n@sim tool secret {{"x": "1"}}',
+                     [{"i": i} for i in range(3)], tools=[private_tools.secret])
+    results = handle.wait(timeout=60)
+    assert all(r.error.kind == "tool_import" and "secret" in r.error.message for r in results)
+    # the worker survived and serves the next batch
+    ok = _submit(redis_url, sim_url, "Agent {i}.", [{"i": 0}]).wait(timeout=60)
+    assert ok[0].ok
+
+
+def test_tool_that_always_raises_is_fed_back_not_fatal(redis_url, sim_url, start_workers):
+    start_workers(1, concurrency=4)
+    handle = _submit(redis_url, sim_url, 'Agent {i}.\n@sim tool always_fails {{"key": "x"}}',
+                     [{"i": i} for i in range(3)], tools=[always_fails])
+    results = handle.wait(timeout=60)
+    assert all(r.ok and not r.tool_calls[0].ok for r in results)
+
+
+def test_unreachable_redis_is_a_clear_error_before_anything_is_written(sim_url):
+    with pytest.raises(ConfigError, match=r"cannot reach Redis at redis://:\*\*\*@127\.0\.0\.1:1"):
+        submit_batch("x {i}", [{"i": 1}], model="m", backend=sim_url,
+                     redis_url="redis://:hunter2@127.0.0.1:1/0")
+
+
+def test_unportable_batches_are_refused_at_submit(redis_url, sim_url):
+    class LocalSchema(BaseModel):
+        a: int
+
+    with pytest.raises(BatchSpecError, match="defined inside a function"):
+        submit_batch("x {i}", [{"i": 1}], model="m", backend=sim_url, redis_url=redis_url,
+                     output_schema=LocalSchema)
+
+    @tool
+    def local_tool(x: str) -> str:
+        """Local."""
+        return x
+
+    with pytest.raises(BatchSpecError, match="local_tool"):
+        submit_batch("x {i}", [{"i": 1}], model="m", backend=sim_url, redis_url=redis_url,
+                     tools=[local_tool])
+    assert redis.from_url(redis_url).keys("ab:*") == []
