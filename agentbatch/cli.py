@@ -147,6 +147,46 @@ def run(spec: Path = typer.Argument(..., exists=True, help="A YAML batch spec.")
         sys.exit(1)
 
 
+def _checkout_module(name: str) -> object:
+    """Import a module that lives in a source checkout (benchmarks/, tests/), not the wheel."""
+    import importlib
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise typer.BadParameter(
+            f"{name} is part of the source checkout; run this from the repository root "
+            f"({exc})") from None
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """Run agentbatch beside the peers on one simulator: `bench [WORKLOAD] --json OUT`.
+
+    WORKLOAD: tool_roundtrip (default), tool_roundtrip_shared, http_clients.
+    """
+    args = list(ctx.args)
+    workload = args.pop(0) if args and not args[0].startswith("-") else "tool_roundtrip"
+    if workload == "http_clients":
+        module = _checkout_module("benchmarks.bench_http_clients")
+        raise typer.Exit(module.main(args))  # type: ignore[attr-defined]
+    module = _checkout_module("benchmarks.bench_embedded")
+    raise typer.Exit(module.main(["--workload", workload, *args]))  # type: ignore[attr-defined]
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def chaos(ctx: typer.Context) -> None:
+    """Run the chaos harness (1,000 agents, worker and submitter kills) and write its report.
+
+    Flags as `python -m tests.chaos.harness --help`, e.g. `--agents 200 --min-kills 3`.
+    """
+    module = _checkout_module("tests.chaos.harness")
+    raise typer.Exit(module.main(list(ctx.args)))  # type: ignore[attr-defined]
+
+
 def main() -> None:
     app()
 

@@ -94,8 +94,7 @@ class AnthropicBackend:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One model turn. Raises ``BackendError`` subclasses, never httpx exceptions."""
         timeout = request.timeout_s or self.timeout
-        body = await self._session.post_json("/v1/messages", self.build_body(request), {},
-                                             timeout)
+        body = await self._session.post_json("/v1/messages", self.build_body(request), {}, timeout)
         return parse_response(body, who=self.name)
 
     async def aclose(self) -> None:

@@ -47,16 +47,15 @@ def _block(block: Block) -> dict[str, Any]:
     return {"type": "image", "source": source}
 
 
-def build_body(request: ModelRequest, *, model: str,
-               default_max_tokens: int = DEFAULT_MAX_TOKENS) -> dict[str, Any]:
+def build_body(
+    request: ModelRequest, *, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> dict[str, Any]:
     """The ``POST /v1/messages`` body for ``request``."""
     system, turns = split_messages(request.messages)
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens or default_max_tokens,
-        "messages": [
-            {"role": t.role, "content": [_block(b) for b in t.blocks]} for t in turns
-        ],
+        "messages": [{"role": t.role, "content": [_block(b) for b in t.blocks]} for t in turns],
     }
     if system:
         blocks: list[dict[str, Any]] = [{"type": "text", "text": s} for s in system]
@@ -114,9 +113,14 @@ def parse_response(body: Any, *, who: str = "anthropic") -> ModelResponse:
         elif kind == "tool_use":
             arguments, error = parse_arguments(block.get("input"))
             name = block.get("name") if isinstance(block.get("name"), str) else ""
-            calls.append(ToolCall(id=str(block.get("id") or f"toolu_{len(calls)}"), name=name,
-                                  arguments=arguments,
-                                  arguments_error=error or (None if name else "no tool name")))
+            calls.append(
+                ToolCall(
+                    id=str(block.get("id") or f"toolu_{len(calls)}"),
+                    name=name,
+                    arguments=arguments,
+                    arguments_error=error or (None if name else "no tool name"),
+                )
+            )
     text = "".join(texts)
     return ModelResponse(
         text=text or None,

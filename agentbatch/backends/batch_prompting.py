@@ -13,11 +13,18 @@ remainder rounding) so per-agent numbers are plausible and the parts add up to t
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import ServerError
+from ..errors import BackendError, ServerError
 from ..model_io import ModelResponse, Usage
 from .openai_parse import parse_usage
+
+log = logging.getLogger(__name__)
+
+PostJson = Callable[[str, dict[str, Any], dict[str, str], float], Awaitable[Any]]
 
 
 def completions_body(
@@ -100,3 +107,55 @@ def parse_completions(body: Any, prompts: list[str], *, who: str) -> list[ModelR
             )
         )
     return out
+
+
+async def run_batch(
+    post_json: PostJson,
+    prompts: list[str],
+    *,
+    model: str,
+    max_tokens: int | None,
+    temperature: float | None,
+    response_format: dict[str, Any] | None,
+    request_id: str,
+    timeout: float,
+    who: str,
+) -> list[ModelResponse | BackendError]:
+    """One batched call; if it fails for any reason, one call per prompt (concurrently).
+
+    Each slot holds its prompt's response or its ``BackendError``: one bad prompt never fails
+    its siblings. Per-prompt fallbacks carry ``X-Request-Id: {request_id}:{i}``.
+    """
+    if not prompts:
+        return []
+
+    async def send(prompt: str | list[str], rid: str) -> list[ModelResponse]:
+        body = completions_body(
+            prompt,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            response_format=response_format,
+        )
+        headers = {"X-Request-Id": rid} if rid else {}
+        reply = await post_json("/v1/completions", body, headers, timeout)
+        return parse_completions(reply, prompt if isinstance(prompt, list) else [prompt], who=who)
+
+    if len(prompts) > 1:
+        try:
+            return list(await send(list(prompts), request_id))
+        except BackendError as exc:
+            log.info(
+                "%s: batched completion of %d prompts failed (%s); sending singly",
+                who,
+                len(prompts),
+                exc.kind,
+            )
+
+    async def one(i: int, prompt: str) -> ModelResponse | BackendError:
+        try:
+            return (await send(prompt, f"{request_id}:{i}" if request_id else ""))[0]
+        except BackendError as exc:
+            return exc
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))

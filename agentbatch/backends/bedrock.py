@@ -3,7 +3,7 @@
 ``bedrock://REGION[/MODEL]``: a model in the URL overrides ``request.model``. Credentials come
 from boto3's usual chain (environment, profile, instance role). One client serves every call:
 boto3 clients are thread-safe and creating one costs milliseconds of CPU and a config read.
-botocore's own retries are off (``max_attempts=1``) because ``RetryingBackend`` retries, and
+botocore's own retries are off (``total_max_attempts=1``) because ``RetryingBackend`` retries, and
 ``AdaptiveBackend`` must *see* each throttle to shrink concurrency.
 
 boto3 is synchronous, so calls run on a private thread pool sized like the connection pool:
@@ -42,11 +42,17 @@ CAPABILITIES = BackendCapabilities(
 )
 
 _THROTTLES = {
-    "ThrottlingException", "TooManyRequestsException", "ServiceUnavailableException",
+    "ThrottlingException",
+    "TooManyRequestsException",
+    "ServiceUnavailableException",
     "ServiceQuotaExceededException",
 }
-_SERVER = {"InternalServerException", "ModelErrorException", "ModelNotReadyException",
-           "ModelStreamErrorException"}
+_SERVER = {
+    "InternalServerException",
+    "ModelErrorException",
+    "ModelNotReadyException",
+    "ModelStreamErrorException",
+}
 
 
 def import_boto() -> tuple[Any, Any]:
@@ -140,7 +146,8 @@ class BedrockBackend:
                 config = self._config_cls(
                     read_timeout=self.timeout,
                     connect_timeout=min(self.timeout, CONNECT_TIMEOUT_S),
-                    retries={"max_attempts": 1, "mode": "standard"},
+                    # NOT {"max_attempts": 1}: botocore reads that as one *retry* (2 tries).
+                    retries={"total_max_attempts": 1, "mode": "standard"},
                     max_pool_connections=self.pool_size,
                     user_agent_extra="agentbatch",
                 )
@@ -153,8 +160,9 @@ class BedrockBackend:
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The ``converse`` keyword arguments (public so tests and tools can inspect them)."""
-        return converse_params(request, model_id=self.model_id(request),
-                               default_max_tokens=self.default_max_tokens)
+        return converse_params(
+            request, model_id=self.model_id(request), default_max_tokens=self.default_max_tokens
+        )
 
     def _call(self, params: dict[str, Any]) -> Any:
         return self.client.converse(**params)
@@ -166,8 +174,9 @@ class BedrockBackend:
         params = self.build_params(request)
         timeout = request.timeout_s or self.timeout
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.pool_size,
-                                                thread_name_prefix="agentbatch-bedrock")
+            self._executor = ThreadPoolExecutor(
+                self.pool_size, thread_name_prefix="agentbatch-bedrock"
+            )
         loop = asyncio.get_running_loop()
         self.requests_sent += 1
         try:

@@ -75,20 +75,31 @@ def _block(block: Block) -> dict[str, Any] | None:
     return {"image": {"format": inline[0], "source": {"bytes": inline[1]}}}
 
 
-def _tool_config(request: ModelRequest, history_has_tools: bool,
-                 used: list[str]) -> dict[str, Any] | None:
+def _tool_config(
+    request: ModelRequest, history_has_tools: bool, used: list[str]
+) -> dict[str, Any] | None:
     specs = function_specs(request.tools)
     if request.tool_choice == "none" and not history_has_tools:
         return None
     tools = [
-        {"toolSpec": {"name": s.name, "description": s.description or s.name,
-                      "inputSchema": {"json": s.parameters}}}
+        {
+            "toolSpec": {
+                "name": s.name,
+                "description": s.description or s.name,
+                "inputSchema": {"json": s.parameters},
+            }
+        }
         for s in specs
     ]
     if not tools and history_has_tools:
         tools = [
-            {"toolSpec": {"name": name, "description": name,
-                          "inputSchema": {"json": {"type": "object"}}}}
+            {
+                "toolSpec": {
+                    "name": name,
+                    "description": name,
+                    "inputSchema": {"json": {"type": "object"}},
+                }
+            }
             for name in used
         ]
     if not tools:
@@ -99,8 +110,9 @@ def _tool_config(request: ModelRequest, history_has_tools: bool,
     return config
 
 
-def converse_params(request: ModelRequest, *, model_id: str,
-                    default_max_tokens: int = DEFAULT_MAX_TOKENS) -> dict[str, Any]:
+def converse_params(
+    request: ModelRequest, *, model_id: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> dict[str, Any]:
     """Keyword arguments for ``client.converse`` for ``request``."""
     system, turns = split_messages(request.messages)
     messages = []
@@ -129,8 +141,11 @@ def parse_usage(usage: Any) -> Usage:
     fresh = _as_int(usage.get("inputTokens"))
     read = _as_int(usage.get("cacheReadInputTokens"))
     written = _as_int(usage.get("cacheWriteInputTokens"))
-    return Usage(prompt_tokens=fresh + read + written, cached_tokens=read,
-                 completion_tokens=_as_int(usage.get("outputTokens")))
+    return Usage(
+        prompt_tokens=fresh + read + written,
+        cached_tokens=read,
+        completion_tokens=_as_int(usage.get("outputTokens")),
+    )
 
 
 def parse_converse(response: Any, *, who: str = "bedrock") -> ModelResponse:
@@ -151,10 +166,18 @@ def parse_converse(response: Any, *, who: str = "bedrock") -> ModelResponse:
             use = block["toolUse"]
             arguments, error = parse_arguments(use.get("input"))
             name = use.get("name") if isinstance(use.get("name"), str) else ""
-            calls.append(ToolCall(id=str(use.get("toolUseId") or f"tooluse_{len(calls)}"),
-                                  name=name, arguments=arguments,
-                                  arguments_error=error or (None if name else "no tool name")))
+            calls.append(
+                ToolCall(
+                    id=str(use.get("toolUseId") or f"tooluse_{len(calls)}"),
+                    name=name,
+                    arguments=arguments,
+                    arguments_error=error or (None if name else "no tool name"),
+                )
+            )
     text = "".join(texts)
-    return ModelResponse(text=text or None, tool_calls=calls,
-                         usage=parse_usage(response.get("usage")),
-                         finish_reason=stop_reason(response.get("stopReason")))
+    return ModelResponse(
+        text=text or None,
+        tool_calls=calls,
+        usage=parse_usage(response.get("usage")),
+        finish_reason=stop_reason(response.get("stopReason")),
+    )

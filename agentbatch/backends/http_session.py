@@ -97,7 +97,9 @@ class HttpSession:
         try:
             resp = await asyncio.wait_for(
                 client.post(
-                    self.base_url + path, content=payload, headers=headers,
+                    self.base_url + path,
+                    content=payload,
+                    headers=headers,
                     timeout=self._per_op(timeout),
                 ),
                 timeout,
@@ -130,19 +132,24 @@ class HttpSession:
         client = self.client()
         self.requests_sent += 1
         request = client.build_request(
-            "POST", self.base_url + path, content=payload, headers=headers,
+            "POST",
+            self.base_url + path,
+            content=payload,
+            headers=headers,
             timeout=self._per_op(timeout),
         )
         try:
             resp = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise error_for_exception(exc, who=self.who, secret=self.secret) from None
+        lines = self._lines(resp)
         try:
             if not 200 <= resp.status_code < 300:
                 await resp.aread()
                 self._check(resp)
-            yield self._lines(resp)
+            yield lines
         finally:
+            await lines.aclose()  # the reader may stop at [DONE], before the body ends
             await resp.aclose()
 
     async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:

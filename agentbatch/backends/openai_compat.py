@@ -20,8 +20,9 @@ import httpx
 
 from ..errors import BackendError, BackendTimeout, ServerError
 from ..model_io import ModelRequest, ModelResponse
+from .aiohttp_session import AiohttpSession
 from .base import BackendCapabilities, ServerLoad
-from .batch_prompting import completions_body, parse_completions
+from .batch_prompting import run_batch
 from .http_session import HttpSession
 from .openai_parse import parse_chat_completion
 from .prom import PrefixCounters, parse_server_load
@@ -102,15 +103,18 @@ class OpenAICompatBackend:
         headers = {"User-Agent": "agentbatch"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        self._session = HttpSession(
-            target.base_url,
-            who=self.name,
-            headers=headers,
-            timeout=self.timeout,
-            max_connections=max_connections,
-            secret=self._api_key,
-            transport=transport,
-        )
+        # aiohttp by default: at hundreds of concurrent turns it costs ~30x less CPU per
+        # request than httpx (benchmarks/results/http_clients.json). An injected httpx
+        # transport (tests, custom routing) keeps the httpx session.
+        self._session: HttpSession | AiohttpSession
+        if transport is not None:
+            self._session = HttpSession(target.base_url, who=self.name, headers=headers,
+                                        timeout=self.timeout, max_connections=max_connections,
+                                        secret=self._api_key, transport=transport)
+        else:
+            self._session = AiohttpSession(target.base_url, who=self.name, headers=headers,
+                                           timeout=self.timeout, max_connections=max_connections,
+                                           secret=self._api_key)
         self._prefix_counters: PrefixCounters | None = None
         # OpenAI's reasoning models reject max_tokens; every other server expects it.
         self._max_tokens_field = (
@@ -275,31 +279,17 @@ class OpenAICompatBackend:
             if json_schema and self.capabilities.native_json_schema
             else None
         )
-
-        async def send(prompt: str | list[str], rid: str) -> list[ModelResponse]:
-            body = completions_body(
-                prompt, model=model or self.target.model or "", max_tokens=max_tokens,
-                temperature=temperature, response_format=fmt,
-            )
-            headers = {"X-Request-Id": _header_safe(rid)} if rid else {}
-            reply = await self._session.post_json("/v1/completions", body, headers, self.timeout)
-            return parse_completions(reply, prompt if isinstance(prompt, list) else [prompt],
-                                     who=self.name)
-
-        if len(prompts) > 1:
-            try:
-                return list(await send(list(prompts), request_id))
-            except BackendError as exc:
-                log.info("%s: batched completion of %d prompts failed (%s); sending singly",
-                         self.name, len(prompts), exc.kind)
-
-        async def one(i: int, prompt: str) -> ModelResponse | BackendError:
-            try:
-                return (await send(prompt, f"{request_id}:{i}" if request_id else ""))[0]
-            except BackendError as exc:
-                return exc
-
-        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+        return await run_batch(
+            self._session.post_json,
+            prompts,
+            model=model or self.target.model or "",
+            max_tokens=max_tokens,
+            temperature=temperature,
+            response_format=fmt,
+            request_id=_header_safe(request_id),
+            timeout=self.timeout,
+            who=self.name,
+        )
 
     async def aclose(self) -> None:
         """Close the pooled connections. Safe to call twice, or before first use."""

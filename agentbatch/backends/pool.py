@@ -7,8 +7,9 @@ timeout is ejected: nothing new is routed to it, and a background probe (``healt
 inner backend, every ``probe_interval_s``) re-admits it once it answers again.
 
 The pool never retries by itself: the ``RetryingBackend`` around it does, and each retry is
-routed afresh. An agent whose endpoint refused a connection loses its affinity at once, so its
-retry goes elsewhere even before the endpoint is ejected.
+routed afresh. An agent whose endpoint refused a connection loses its affinity at once, and
+endpoints with a failure streak come last in routing, so its retry goes elsewhere even before
+the endpoint is ejected.
 """
 
 from __future__ import annotations
@@ -116,7 +117,12 @@ class EndpointPool:
             )
         n, start = len(self._eps), self._turn
         self._turn = (self._turn + 1) % n
-        return min(healthy, key=lambda i: (self._eps[i].outstanding, (i - start) % n))
+        # An endpoint that just failed (not yet ejected) is the last choice, so a retry after a
+        # refused connection goes elsewhere; then fewest in flight; ties rotate.
+        return min(
+            healthy,
+            key=lambda i: (self._eps[i].failures > 0, self._eps[i].outstanding, (i - start) % n),
+        )
 
     def _route(self, key: str) -> _Endpoint:
         if key:
@@ -230,8 +236,9 @@ class EndpointPool:
             *(ep.backend.warm(request) for ep in targets),  # type: ignore[attr-defined]
             return_exceptions=True,
         )
-        failures = [(ep, r) for ep, r in zip(targets, results, strict=True)
-                    if isinstance(r, BaseException)]
+        failures = [
+            (ep, r) for ep, r in zip(targets, results, strict=True) if isinstance(r, BaseException)
+        ]
         for ep, error in failures:
             if not isinstance(error, Exception):
                 raise error  # cancellation and friends
@@ -281,8 +288,9 @@ class EndpointPool:
                 await task
         for ep in self._eps:
             ep.probe = None
-        results = await asyncio.gather(*(ep.backend.aclose() for ep in self._eps),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(ep.backend.aclose() for ep in self._eps), return_exceptions=True
+        )
         for ep, result in zip(self._eps, results, strict=True):
             if isinstance(result, Exception):
                 log.warning("closing %s failed: %s", ep.name, result)

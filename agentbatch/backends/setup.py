@@ -54,8 +54,9 @@ def open_endpoint(url: str, *, timeout: float | None = None) -> Backend:
     return backend
 
 
-def open_backend(urls: list[str], *, timeout: float | None = None,
-                 policy: RetryPolicy | None = None) -> Backend:
+def open_backend(
+    urls: list[str], *, timeout: float | None = None, policy: RetryPolicy | None = None
+) -> Backend:
     """One retrying backend for the batch's URL (or its pool of URLs / ``@hostfile``)."""
     urls = expand_backend_urls(urls)
     if len(urls) == 1:

@@ -9,9 +9,10 @@ No I/O here, so recorded chunk sequences can be replayed in unit tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -25,8 +26,20 @@ ToolCallListener = Callable[[ToolCall], None]
 
 # Per-task listener for early tool calls: an engine sets it around ``backend.complete`` and it
 # survives the retry/pool wrappers because they all run in the caller's task.
-ON_TOOL_CALL: ContextVar[ToolCallListener | None] = ContextVar("agentbatch_on_tool_call",
-                                                               default=None)
+ON_TOOL_CALL: ContextVar[ToolCallListener | None] = ContextVar(
+    "agentbatch_on_tool_call", default=None
+)
+
+
+@contextlib.contextmanager
+def tool_call_listener(listener: ToolCallListener | None) -> Iterator[None]:
+    """``with tool_call_listener(cb): await backend.complete(req)`` -- early tool calls of
+    streaming backends in this task go to ``cb``."""
+    token = ON_TOOL_CALL.set(listener)
+    try:
+        yield
+    finally:
+        ON_TOOL_CALL.reset(token)
 
 
 class SSEDecoder:
@@ -82,7 +95,10 @@ class StreamAssembler:
     """
 
     def __init__(
-        self, *, request_id: str = "", on_tool_call: ToolCallListener | None = None,
+        self,
+        *,
+        request_id: str = "",
+        on_tool_call: ToolCallListener | None = None,
         who: str = "backend",
     ) -> None:
         self.request_id = request_id
@@ -104,8 +120,9 @@ class StreamAssembler:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise ServerError(f"{self.who}: stream chunk is not JSON: {data[:200]!r}",
-                              status=200) from None
+            raise ServerError(
+                f"{self.who}: stream chunk is not JSON: {data[:200]!r}", status=200
+            ) from None
         return self.feed_chunk(chunk)
 
     def feed_chunk(self, chunk: Any) -> bool:

@@ -106,9 +106,9 @@ class DistributedHandle(BatchHandle):
                 exists = await client.exists(self.keys.plan)
                 if not exists:
                     raise self._lost("its state is no longer in Redis")
-                if await client.hget(self.keys.meta, "finished") == "1":
-                    if not await client.xread({self.keys.results: cursor}, count=1):
-                        return
+                finished = await client.hget(self.keys.meta, "finished") == "1"
+                if finished and not await client.xread({self.keys.results: cursor}, count=1):
+                    return
         finally:
             await client.aclose()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import inspect
 import logging
 import threading
@@ -133,10 +134,8 @@ class EmbeddedHandle(BatchHandle):
         self._pending_cancel = True
         if self.engine is None or self._loop is None or self._loop.is_closed():
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop may have finished already
             self._loop.call_soon_threadsafe(self.engine.cancel)
-        except RuntimeError:  # the loop has already finished
-            pass
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:

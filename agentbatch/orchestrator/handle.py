@@ -45,7 +45,7 @@ class BatchHandle(abc.ABC):
         """Async form of ``wait()``."""
         return _in_order([r async for r in self.aresults()], self.total)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release local resources; cancels the batch if it is still running here."""
 
     def __enter__(self) -> BatchHandle:

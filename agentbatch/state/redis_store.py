@@ -7,6 +7,7 @@ fails the compare-and-set and its work is dropped, so a turn is never applied tw
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,16 +63,19 @@ class BatchStore:
         await self.s.release(keys=[self.k.lease(index)], args=[token])
 
     async def commit(self, old: AgentState, new: AgentState, *, token: str = "",
-                     result_json: str = "", deadline_ms: int = 0, audit: bool = False) -> bool:
-        """Write ``new`` only if the stored version is still ``old.version``."""
+                     result_json: str = "", deadline_ms: int = 0, audit: bool = False,
+                     enqueue: Sequence[tuple[str, str]] = ()) -> bool:
+        """Write ``new`` only if the stored version is still ``old.version``; on success push
+        the ``enqueue`` task messages (list key, payload) in the same atomic step."""
         k = self.k
         terminal = new.status.terminal
         ok = await self.s.commit(
             keys=[k.ver, k.state, k.lease(old.index), k.watch, k.meta, k.results,
-                  ACTIVE_BATCHES, k.audit],
+                  ACTIVE_BATCHES, k.audit, *(key for key, _ in enqueue)],
             args=[old.index, old.version, new.version, new.model_dump_json(), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
-                  deadline_ms, self.batch_id, "1" if audit else "0"],
+                  deadline_ms, self.batch_id, "1" if audit else "0",
+                  *(payload for _, payload in enqueue)],
         )
         return bool(ok)
 

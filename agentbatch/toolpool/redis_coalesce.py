@@ -114,7 +114,8 @@ class RedisCoalescer:
 
     async def _lead_run(self, h: str, token: str, thunk: Callable[[], Awaitable[str]]) -> str:
         renewer = asyncio.create_task(self._renew(h, token))
-        payload: dict[str, Any] = {"ok": False, "error": "the shared tool execution was interrupted"}
+        payload: dict[str, Any] = {"ok": False,
+                                   "error": "the shared tool execution was interrupted"}
         try:
             text = await thunk()
             payload = {"ok": True, "text": text}

@@ -59,7 +59,9 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         "broker_channel_error_retry": True,
         "broker_pool_limit": 64,
         "worker_send_task_events": True,  # Flower
-        "task_send_sent_event": True,
+        # Tasks are enqueued by our own pipelined LPUSH (see envelope.py), which emits no
+        # task-sent event; Flower shows each task from the moment a worker receives it.
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
     }

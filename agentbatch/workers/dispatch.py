@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
+import redis
 from celery import Celery
 
 from ..orchestrator.agent_state import AgentState
 from ..orchestrator.turns import CallModel, RunTools, TurnPolicy, next_action
+from ..state.connection import sync_client
 from .app import INFERENCE_QUEUE, TOOL_TASK, TOOLS_QUEUE, TURN_TASK, priority_for
+from .envelope import envelope
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,20 @@ def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
     return []
 
 
+def envelopes(app: Celery, followups: list[Followup]) -> list[tuple[str, str]]:
+    return [envelope(app, f.task, list(f.args), f.queue, f.priority) for f in followups]
+
+
+@cache
+def _broker_client(url: str) -> redis.Redis:
+    return sync_client(url)
+
+
 def publish(app: Celery, followups: list[Followup]) -> None:
-    """Send with one pooled producer (one connection for the whole list)."""
+    """LPUSH the task messages in one pipeline (kombu's own format, see ``envelope``)."""
     if not followups:
         return
-    with app.producer_or_acquire() as producer:
-        for f in followups:
-            app.send_task(f.task, args=list(f.args), queue=f.queue, priority=f.priority,
-                          producer=producer)
+    with _broker_client(app.conf.broker_url).pipeline(transaction=False) as pipe:
+        for key, payload in envelopes(app, followups):
+            pipe.lpush(key, payload)
+        pipe.execute()

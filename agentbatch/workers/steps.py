@@ -28,8 +28,9 @@ from ..orchestrator.turns import (
     step,
 )
 from ..state.redis_store import BatchStore, now_ms
+from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
-from .dispatch import Followup, followups_for
+from .dispatch import Followup, envelopes, followups_for
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,21 @@ def deadline_for(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState) -> 
 
 async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
                  token: str = "") -> list[Followup]:
-    """Compare-and-set ``old`` → ``new``; the follow-ups if we won, nothing if we lost."""
+    """Compare-and-set ``old`` → ``new``, enqueueing its follow-ups in the same script.
+
+    Returns the follow-ups still to send: none, since the commit already pushed them."""
     result_json = ""
     if new.terminal:
         latency = max(time.time() - loaded.plan.created_at, 0.0)
         result_json = result_from_state(new, latency).model_dump_json()
+    followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     won = await loaded.store.commit(old, new, token=token, result_json=result_json,
                                     deadline_ms=deadline_for(ctx, loaded, new),
-                                    audit=ctx.settings.audit)
+                                    audit=ctx.settings.audit,
+                                    enqueue=envelopes(celery_app, followups))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
-        return []
-    return followups_for(loaded.plan.batch_id, loaded.policy, new)
+    return []
 
 
 @contextlib.asynccontextmanager

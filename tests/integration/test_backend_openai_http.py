@@ -157,6 +157,7 @@ class CannedServer:
         self.requests: list[tuple[dict[str, Any], dict[str, str]]] = []
         self.peers: set[Any] = set()
         self.metrics_text: str | None = None
+        self.models_ok = True
         self.flaky_failures = 0
         self.release = asyncio.Event()
         self.runner: web.AppRunner | None = None
@@ -180,6 +181,11 @@ class CannedServer:
             return web.Response(text=payload, status=status, headers=headers)
         return web.json_response(payload, status=status, headers=headers)
 
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.models_ok:
+            raise web.HTTPServiceUnavailable()
+        return web.json_response({"object": "list", "data": [{"id": "m"}]})
+
     async def metrics(self, request: web.Request) -> web.Response:
         if self.metrics_text is None:
             raise web.HTTPNotFound()
@@ -189,6 +195,7 @@ class CannedServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -518,3 +525,18 @@ def test_request_body_is_json_serializable_check() -> None:
         "schema": {"type": "object"},
     }
     json.dumps(body)
+
+
+async def test_health_falls_back_to_models_route(server: CannedServer) -> None:
+    b = OpenAICompatBackend(f"vllm://127.0.0.1:{server.port}")
+    try:
+        assert await b.health()  # no /health route (404): /v1/models answers 200
+        server.models_ok = False
+        assert not await b.health()
+    finally:
+        await b.aclose()
+    down = OpenAICompatBackend(f"vllm://127.0.0.1:{free_closed_port()}")
+    try:
+        assert not await down.health()
+    finally:
+        await down.aclose()

@@ -24,8 +24,9 @@ class Clock:
 def test_throttle_halves_once_per_cooldown() -> None:
     clock = Clock()
     heard: list[int] = []
-    c = AIMDController(initial=32, minimum=1, maximum=64, cooldown_s=2.0, clock=clock,
-                       on_change=heard.append)
+    c = AIMDController(
+        initial=32, minimum=1, maximum=64, cooldown_s=2.0, clock=clock, on_change=heard.append
+    )
     assert c.on_throttle() is True
     assert c.limit == 16
     for _ in range(10):  # the rest of the same burst
@@ -192,8 +193,9 @@ async def test_adaptive_throttle_then_success_via_retrying_backend() -> None:
 async def test_adaptive_other_errors_neither_throttle_nor_succeed() -> None:
     clock = Clock()
     controller = AIMDController(initial=8, quiet_period_s=1.0, clock=clock)
-    adaptive = AdaptiveBackend(Scripted([BadRequest("400"), ServerError("500", status=500)]),
-                               controller)
+    adaptive = AdaptiveBackend(
+        Scripted([BadRequest("400"), ServerError("500", status=500)]), controller
+    )
     clock.now += 5
     for exc in (BadRequest, ServerError):
         with pytest.raises(exc):

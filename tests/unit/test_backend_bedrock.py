@@ -41,10 +41,16 @@ HISTORY = [
         "role": "assistant",
         "content": "  \n",  # blank text next to tool calls: must not become a text block
         "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}},
-            {"id": "call_2", "type": "function",
-             "function": {"name": "weather", "arguments": '{"city":"Rome"}'}},
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"city":"Oslo"}'},
+            },
+            {
+                "id": "call_2",
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"city":"Rome"}'},
+            },
         ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
@@ -68,8 +74,9 @@ def backend() -> Iterator[BedrockBackend]:
     yield b
 
 
-def reply(content: list[dict[str, Any]], stop: str = "end_turn",
-          usage: dict[str, int] | None = None) -> dict[str, Any]:
+def reply(
+    content: list[dict[str, Any]], stop: str = "end_turn", usage: dict[str, int] | None = None
+) -> dict[str, Any]:
     return {
         "output": {"message": {"role": "assistant", "content": content}},
         "stopReason": stop,
@@ -81,36 +88,66 @@ def reply(content: list[dict[str, Any]], stop: str = "end_turn",
 def expected_messages() -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": [{"text": "Weather in Oslo and Rome?"}]},
-        {"role": "assistant", "content": [
-            {"toolUse": {"toolUseId": "call_1", "name": "weather", "input": {"city": "Oslo"}}},
-            {"toolUse": {"toolUseId": "call_2", "name": "weather", "input": {"city": "Rome"}}},
-        ]},
-        {"role": "user", "content": [  # both results and the follow-up in ONE user turn
-            {"toolResult": {"toolUseId": "call_1", "content": [{"text": "rain"}]}},
-            {"toolResult": {"toolUseId": "call_2", "content": [{"text": "(empty)"}]}},
-            {"text": "Be brief."},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"toolUse": {"toolUseId": "call_1", "name": "weather", "input": {"city": "Oslo"}}},
+                {"toolUse": {"toolUseId": "call_2", "name": "weather", "input": {"city": "Rome"}}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [  # both results and the follow-up in ONE user turn
+                {"toolResult": {"toolUseId": "call_1", "content": [{"text": "rain"}]}},
+                {"toolResult": {"toolUseId": "call_2", "content": [{"text": "(empty)"}]}},
+                {"text": "Be brief."},
+            ],
+        },
     ]
 
 
 def tool_config(choice: bool = True) -> dict[str, Any]:
-    config: dict[str, Any] = {"tools": [{"toolSpec": {
-        "name": "weather", "description": "Weather for a city.",
-        "inputSchema": {"json": WEATHER["function"]["parameters"]}}}]}
+    config: dict[str, Any] = {
+        "tools": [
+            {
+                "toolSpec": {
+                    "name": "weather",
+                    "description": "Weather for a city.",
+                    "inputSchema": {"json": WEATHER["function"]["parameters"]},
+                }
+            }
+        ]
+    }
     if choice:
         config["toolChoice"] = {"auto": {}}
     return config
 
 
 async def test_converse_params_for_a_caching_model(backend: BedrockBackend) -> None:
-    usage = {"inputTokens": 20, "outputTokens": 7, "totalTokens": 1227,
-             "cacheReadInputTokens": 1000, "cacheWriteInputTokens": 200}
+    usage = {
+        "inputTokens": 20,
+        "outputTokens": 7,
+        "totalTokens": 1227,
+        "cacheReadInputTokens": 1000,
+        "cacheWriteInputTokens": 200,
+    }
     with Stubber(backend.client) as stub:
         stub.add_response(
             "converse",
-            reply([{"text": "Oslo: rain."},
-                   {"toolUse": {"toolUseId": "tu_9", "name": "weather",
-                                "input": {"city": "Rome"}}}], "tool_use", usage),
+            reply(
+                [
+                    {"text": "Oslo: rain."},
+                    {
+                        "toolUse": {
+                            "toolUseId": "tu_9",
+                            "name": "weather",
+                            "input": {"city": "Rome"},
+                        }
+                    },
+                ],
+                "tool_use",
+                usage,
+            ),
             {
                 "modelId": CLAUDE,
                 "messages": expected_messages(),
@@ -119,16 +156,26 @@ async def test_converse_params_for_a_caching_model(backend: BedrockBackend) -> N
                 "toolConfig": tool_config(),
             },
         )
-        resp = await backend.complete(ModelRequest(
-            model=CLAUDE, messages=HISTORY, tools=[WEATHER], tool_choice="auto",
-            max_tokens=256, temperature=0.0))
+        resp = await backend.complete(
+            ModelRequest(
+                model=CLAUDE,
+                messages=HISTORY,
+                tools=[WEATHER],
+                tool_choice="auto",
+                max_tokens=256,
+                temperature=0.0,
+            )
+        )
         stub.assert_no_pending_responses()
     assert resp.text == "Oslo: rain."
     [call] = resp.tool_calls
     assert (call.id, call.name, call.arguments) == ("tu_9", "weather", {"city": "Rome"})
     assert resp.finish_reason == "tool_calls"
-    assert resp.usage.model_dump() == {"prompt_tokens": 1220, "cached_tokens": 1000,
-                                       "completion_tokens": 7}
+    assert resp.usage.model_dump() == {
+        "prompt_tokens": 1220,
+        "cached_tokens": 1000,
+        "completion_tokens": 7,
+    }
     assert backend.requests_sent == 1
     await backend.aclose()
 
@@ -136,15 +183,25 @@ async def test_converse_params_for_a_caching_model(backend: BedrockBackend) -> N
 async def test_no_cache_point_for_a_model_without_caching() -> None:
     backend = BedrockBackend(f"bedrock://us-east-1/{OLD_CLAUDE}")  # the URL's model wins
     with Stubber(backend.client) as stub:
-        stub.add_response("converse", reply([{"text": "ok"}]), {
-            "modelId": OLD_CLAUDE,
-            "messages": [{"role": "user", "content": [{"text": "hi"}]}],
-            "system": [{"text": "Be nice."}],
-            "inferenceConfig": {"maxTokens": 4096},
-        })
-        resp = await backend.complete(ModelRequest(
-            model="ignored", messages=[{"role": "system", "content": "Be nice."},
-                                       {"role": "user", "content": "hi"}]))
+        stub.add_response(
+            "converse",
+            reply([{"text": "ok"}]),
+            {
+                "modelId": OLD_CLAUDE,
+                "messages": [{"role": "user", "content": [{"text": "hi"}]}],
+                "system": [{"text": "Be nice."}],
+                "inferenceConfig": {"maxTokens": 4096},
+            },
+        )
+        resp = await backend.complete(
+            ModelRequest(
+                model="ignored",
+                messages=[
+                    {"role": "system", "content": "Be nice."},
+                    {"role": "user", "content": "hi"},
+                ],
+            )
+        )
     assert resp.text == "ok" and resp.finish_reason == "stop"
     await backend.aclose()
 
@@ -154,20 +211,32 @@ async def test_tool_choice_none_keeps_tools_only_when_history_has_tool_blocks(
 ) -> None:
     fresh = [{"role": "user", "content": "hi"}]
     with Stubber(backend.client) as stub:
-        stub.add_response("converse", reply([{"text": "a"}]), {
-            "modelId": CLAUDE, "messages": [{"role": "user", "content": [{"text": "hi"}]}],
-            "inferenceConfig": {"maxTokens": 4096},
-        })
-        stub.add_response("converse", reply([{"text": "b"}]), {
-            "modelId": CLAUDE, "messages": expected_messages(),
-            "system": [{"text": "You are a forecaster."}, {"cachePoint": {"type": "default"}}],
-            "inferenceConfig": {"maxTokens": 4096},
-            "toolConfig": tool_config(choice=False),
-        })
-        await backend.complete(ModelRequest(model=CLAUDE, messages=fresh, tools=[WEATHER],
-                                            tool_choice="none"))
-        await backend.complete(ModelRequest(model=CLAUDE, messages=HISTORY, tools=[WEATHER],
-                                            tool_choice="none"))
+        stub.add_response(
+            "converse",
+            reply([{"text": "a"}]),
+            {
+                "modelId": CLAUDE,
+                "messages": [{"role": "user", "content": [{"text": "hi"}]}],
+                "inferenceConfig": {"maxTokens": 4096},
+            },
+        )
+        stub.add_response(
+            "converse",
+            reply([{"text": "b"}]),
+            {
+                "modelId": CLAUDE,
+                "messages": expected_messages(),
+                "system": [{"text": "You are a forecaster."}, {"cachePoint": {"type": "default"}}],
+                "inferenceConfig": {"maxTokens": 4096},
+                "toolConfig": tool_config(choice=False),
+            },
+        )
+        await backend.complete(
+            ModelRequest(model=CLAUDE, messages=fresh, tools=[WEATHER], tool_choice="none")
+        )
+        await backend.complete(
+            ModelRequest(model=CLAUDE, messages=HISTORY, tools=[WEATHER], tool_choice="none")
+        )
         stub.assert_no_pending_responses()
 
 
@@ -175,16 +244,26 @@ def test_history_with_tools_but_no_tool_specs_gets_minimal_specs(
     backend: BedrockBackend,
 ) -> None:
     params = backend.build_params(ModelRequest(model=CLAUDE, messages=HISTORY))
-    assert params["toolConfig"] == {"tools": [{"toolSpec": {
-        "name": "weather", "description": "weather",
-        "inputSchema": {"json": {"type": "object"}}}}]}
+    assert params["toolConfig"] == {
+        "tools": [
+            {
+                "toolSpec": {
+                    "name": "weather",
+                    "description": "weather",
+                    "inputSchema": {"json": {"type": "object"}},
+                }
+            }
+        ]
+    }
 
 
 def test_no_blank_text_blocks_anywhere(backend: BedrockBackend) -> None:
     messages = [
         {"role": "system", "content": "   "},
-        {"role": "user", "content": [{"type": "text", "text": " "}, {"type": "text",
-                                                                     "text": "real"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": " "}, {"type": "text", "text": "real"}],
+        },
         {"role": "assistant", "content": "\n"},  # a blank turn: dropped, users merge
         {"role": "user", "content": "again"},
     ]
@@ -210,14 +289,20 @@ def test_no_blank_text_blocks_anywhere(backend: BedrockBackend) -> None:
         ("AccessDeniedException", 403, BadRequest),
     ],
 )
-async def test_client_error_mapping(backend: BedrockBackend, code: str, status: int,
-                                    error: type) -> None:
+async def test_client_error_mapping(
+    backend: BedrockBackend, code: str, status: int, error: type
+) -> None:
     with Stubber(backend.client) as stub:
-        stub.add_client_error("converse", service_error_code=code,
-                              service_message=f"{code} happened", http_status_code=status)
+        stub.add_client_error(
+            "converse",
+            service_error_code=code,
+            service_message=f"{code} happened",
+            http_status_code=status,
+        )
         with pytest.raises(error) as info:
-            await backend.complete(ModelRequest(model=CLAUDE, messages=[
-                {"role": "user", "content": "hi"}]))
+            await backend.complete(
+                ModelRequest(model=CLAUDE, messages=[{"role": "user", "content": "hi"}])
+            )
     assert code in str(info.value) and info.value.status == status
     assert info.value.retryable == (error is not BadRequest)
 
@@ -233,7 +318,7 @@ def test_client_is_created_once_with_our_config(backend: BedrockBackend) -> None
     client = backend.client
     assert backend.client is client
     config = client.meta.config
-    assert config.retries["max_attempts"] == 1
+    assert config.retries == {"mode": "standard", "total_max_attempts": 1}  # no botocore retry
     assert config.read_timeout == 30 and config.connect_timeout == 10
     assert config.max_pool_connections == backend.pool_size
     assert client.meta.region_name == "us-east-1"
@@ -271,5 +356,4 @@ def test_urls_and_registry() -> None:
 
 async def test_missing_model_is_a_bad_request(backend: BedrockBackend) -> None:
     with pytest.raises(BadRequest, match="no model"):
-        await backend.complete(ModelRequest(model="", messages=[{"role": "user",
-                                                                  "content": "x"}]))
+        await backend.complete(ModelRequest(model="", messages=[{"role": "user", "content": "x"}]))

@@ -12,13 +12,23 @@ from agentbatch.errors import ServerError
 from agentbatch.model_io import ToolCall
 
 
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None,
-          usage: dict[str, Any] | None = None, choices: bool = True) -> str:
-    body: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
-                            "created": 1, "model": "m", "choices": []}
+def chunk(
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+    choices: bool = True,
+) -> str:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [],
+    }
     if choices:
-        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None,
-                            "finish_reason": finish}]
+        body["choices"] = [
+            {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
+        ]
     body["usage"] = usage
     return "data: " + json.dumps(body)
 
@@ -31,22 +41,49 @@ VLLM_TOOL_STREAM = [
     "",
     chunk({"content": "check."}),
     "",
-    chunk({"tool_calls": [{"index": 0, "id": "chatcmpl-tool-a", "type": "function",
-                           "function": {"name": "weather", "arguments": ""}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "chatcmpl-tool-a",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": ""},
+                }
+            ]
+        }
+    ),
     "",
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
     "",
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
     "",
-    chunk({"tool_calls": [{"index": 1, "id": "chatcmpl-tool-b", "type": "function",
-                           "function": {"name": "time", "arguments": '{"tz"'}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 1,
+                    "id": "chatcmpl-tool-b",
+                    "type": "function",
+                    "function": {"name": "time", "arguments": '{"tz"'},
+                }
+            ]
+        }
+    ),
     "",
     chunk({"tool_calls": [{"index": 1, "function": {"arguments": ': "CET"}'}}]}),
     "",
     chunk({}, finish="tool_calls"),
     "",
-    chunk(usage={"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70,
-                 "prompt_tokens_details": {"cached_tokens": 32}}, choices=False),
+    chunk(
+        usage={
+            "prompt_tokens": 50,
+            "completion_tokens": 20,
+            "total_tokens": 70,
+            "prompt_tokens_details": {"cached_tokens": 32},
+        },
+        choices=False,
+    ),
     "",
     "data: [DONE]",
     "",
@@ -75,8 +112,11 @@ def test_tool_calls_assembled_by_index() -> None:
         ("chatcmpl-tool-b", "time", {"tz": "CET"}),
     ]
     assert resp.finish_reason == "tool_calls"
-    assert resp.usage.model_dump() == {"prompt_tokens": 50, "cached_tokens": 32,
-                                       "completion_tokens": 20}
+    assert resp.usage.model_dump() == {
+        "prompt_tokens": 50,
+        "cached_tokens": 32,
+        "completion_tokens": 20,
+    }
     # The role-only delta with empty content is not the first token; "Let me " is (its event
     # is dispatched by the blank line after it).
     assert len(firsts) == 1 and "Let me" in VLLM_TOOL_STREAM[firsts[0] - 1]
@@ -147,9 +187,25 @@ def test_pieces_without_index_use_ids() -> None:
 
 
 def test_whole_tool_call_in_one_piece_with_object_arguments() -> None:
-    lines = [chunk({"tool_calls": [{"index": 0, "id": "x", "type": "function",
-                                    "function": {"name": "f", "arguments": {"k": "v"}}}]}),
-             "", chunk({}, finish="tool_calls"), "", "data: [DONE]", ""]
+    lines = [
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "x",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": {"k": "v"}},
+                    }
+                ]
+            }
+        ),
+        "",
+        chunk({}, finish="tool_calls"),
+        "",
+        "data: [DONE]",
+        "",
+    ]
     [call] = replay(lines)[0].finish().tool_calls
     assert call.arguments == {"k": "v"}
 
@@ -158,7 +214,7 @@ def test_decoder_framing() -> None:
     d = SSEDecoder()
     assert d.feed(": keep-alive") == []
     assert d.feed("event: message") == []
-    assert d.feed("data: {\"a\":") == []
+    assert d.feed('data: {"a":') == []
     assert d.feed("data: 1}") == []
     assert d.feed("") == ['{"a":\n1}']
     assert d.feed("data:[DONE]\r") == []
@@ -175,8 +231,16 @@ def test_error_chunk_raises_server_error() -> None:
 
 
 def test_text_only_stream_without_usage() -> None:
-    lines = [chunk({"role": "assistant"}), "", chunk({"content": "Hi"}), "",
-             chunk({"content": " there"}, finish="stop"), "", "data: [DONE]", ""]
+    lines = [
+        chunk({"role": "assistant"}),
+        "",
+        chunk({"content": "Hi"}),
+        "",
+        chunk({"content": " there"}, finish="stop"),
+        "",
+        "data: [DONE]",
+        "",
+    ]
     resp = replay(lines)[0].finish()
     assert (resp.text, resp.tool_calls, resp.finish_reason) == ("Hi there", [], "stop")
     assert resp.usage.prompt_tokens == 0

@@ -190,10 +190,21 @@ async def test_registry_capabilities_per_scheme() -> None:
     assert not (openai.prefix_warming or openai.prefix_cache_metrics or openai.batch_prompting)
 
 
-@pytest.mark.parametrize("url", ["anthropic://", "bedrock://us-east-1/m"])
-def test_registry_not_yet_implemented(url: str) -> None:
+@pytest.mark.parametrize(
+    ("url", "cls"),
+    [("anthropic://", "AnthropicBackend"), ("bedrock://us-east-1/m", "BedrockBackend")],
+)
+def test_registry_hosted_drivers(url: str, cls: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-x")
+    assert type(backend_from_url(url)).__name__ == cls
+
+
+def test_registry_scheme_without_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbatch.backends import registry
+
+    monkeypatch.delitem(registry._DRIVERS, "anthropic")
     with pytest.raises(ConfigError, match="not implemented yet"):
-        backend_from_url(url)
+        backend_from_url("anthropic://")
 
 
 def test_registry_api_key_argument_satisfies_openai() -> None:

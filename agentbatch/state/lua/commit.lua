@@ -1,7 +1,9 @@
 -- Compare-and-set one agent transition; on a terminal state append its one result.
--- KEYS: ver, state, lease, watch, meta, results, batches, audit
+-- and push the agent's next task(s) in the same atomic step, so a successful write can never
+-- lose its follow-up.
+-- KEYS: ver, state, lease, watch, meta, results, batches, audit, queue lists...
 -- ARGV: index, expected_version, new_version, state_json, token, old_status, new_status,
---       terminal ('1'|'0'), result_json, deadline_ms, batch_id, audit ('1'|'0')
+--       terminal ('1'|'0'), result_json, deadline_ms, batch_id, audit ('1'|'0'), payloads...
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
@@ -25,5 +27,8 @@ if ARGV[8] == '1' then
   end
 else
   redis.call('ZADD', KEYS[4], ARGV[10], ARGV[1])
+end
+for j = 9, #KEYS do
+  redis.call('LPUSH', KEYS[j], ARGV[j + 4])
 end
 return 1

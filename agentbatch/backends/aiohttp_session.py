@@ -1,0 +1,136 @@
+"""The same session interface as ``HttpSession``, over aiohttp, for high-concurrency backends.
+
+Measured on this project's simulator (benchmarks/results/http_clients.json): with 200
+requests in flight, httpx's connection pool costs ~15 ms of CPU per request and aiohttp
+~0.5 ms. An inference backend serves hundreds of concurrent agent turns, so the
+OpenAI-compatible driver uses this session; httpx stays where concurrency is low.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from ..errors import BackendTimeout, BackendUnavailable, ServerError
+from .http_errors import error_for_status, redact
+from .http_session import CONNECT_TIMEOUT_S, KEEPALIVE_EXPIRY_S, encode_json
+
+
+class AiohttpSession:
+    """A lazily created ``aiohttp.ClientSession`` bound to the running loop, plus error mapping."""
+
+    def __init__(self, base_url: str, *, who: str, headers: dict[str, str], timeout: float,
+                 max_connections: int, secret: str | None = None) -> None:
+        self.base_url = base_url
+        self.who = who
+        self.headers = headers
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.secret = secret
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.requests_sent = 0
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                             keepalive_timeout=KEEPALIVE_EXPIRY_S,
+                                             enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(headers=self.headers, connector=connector,
+                                                  trust_env=False)
+            self._loop = loop
+        return self._session
+
+    def _timeout(self, timeout: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+
+    def _unavailable(self, exc: BaseException) -> BackendUnavailable:
+        detail = redact(f"{type(exc).__name__}: {exc}", self.secret)
+        return BackendUnavailable(f"{self.who}: cannot reach {self.base_url}: {detail}")
+
+    async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
+        if not 200 <= resp.status < 300:
+            body = await resp.read()
+            raise error_for_status(resp.status, resp.headers, body, who=self.who,
+                                   secret=self.secret)
+
+    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                        timeout: float) -> Any:
+        """POST ``body``; the decoded JSON reply, or the mapped ``BackendError``."""
+        payload = encode_json(body, self.who)
+        headers = {"Content-Type": "application/json", **headers}
+        self.requests_sent += 1
+        try:
+            async with self.session().post(self.base_url + path, data=payload, headers=headers,
+                                           timeout=self._timeout(timeout)) as resp:
+                await self._raise_for_status(resp)
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise self._unavailable(exc) from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            snippet = redact(raw[:200].decode(errors="replace"), self.secret)
+            raise ServerError(f"{self.who}: HTTP {status} body is not JSON: {snippet!r}",
+                              status=status) from None
+
+    @contextlib.asynccontextmanager
+    async def post_lines(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                         timeout: float) -> AsyncIterator[AsyncIterator[str]]:
+        """POST ``body`` and yield the response's text lines as they arrive (for SSE)."""
+        payload = encode_json(body, self.who)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        self.requests_sent += 1
+        try:
+            resp = await self.session().post(self.base_url + path, data=payload,
+                                             headers=headers, timeout=self._timeout(timeout))
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise self._unavailable(exc) from None
+        try:
+            await self._raise_for_status(resp)
+            yield self._lines(resp, timeout)
+        finally:
+            resp.release()
+
+    async def _lines(self, resp: aiohttp.ClientResponse, timeout: float) -> AsyncIterator[str]:
+        try:
+            async for raw in resp.content:
+                yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.who}: stream stalled within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise self._unavailable(exc) from None
+
+    async def _get(self, path: str, timeout: float) -> tuple[int, str] | None:
+        try:
+            async with self.session().get(self.base_url + path,
+                                          timeout=self._timeout(timeout)) as resp:
+                return resp.status, await resp.text()
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return None
+
+    async def get_status(self, path: str, timeout: float) -> int | None:
+        """The status of ``GET path``; None when the server does not answer at all."""
+        got = await self._get(path, timeout)
+        return got[0] if got else None
+
+    async def get_text(self, path: str, timeout: float) -> str | None:
+        """The body of ``GET path`` when it answers 200; None otherwise (never raises)."""
+        got = await self._get(path, timeout)
+        return got[1] if got and got[0] == 200 else None
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None

@@ -1,0 +1,54 @@
+"""Celery task messages built locally, for pushing to Redis in bulk or inside a script.
+
+Celery's ``send_task`` costs about 1 ms of CPU and one round trip per message. Here the same
+envelope kombu's Redis transport would LPUSH is built with Celery's own protocol-2 message
+factory and kombu's serializer, so thousands of tasks go out in one pipeline, and the commit
+script can enqueue an agent's next task atomically with its state write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from bisect import bisect
+
+from celery import Celery
+from kombu.serialization import dumps
+from kombu.transport.redis import Channel
+
+from .app import PRIORITY_STEPS
+
+SEP = Channel.sep  # kombu's separator between a queue name and its priority step
+
+
+def queue_key(queue: str, priority: int) -> str:
+    """The Redis list kombu reads for ``queue`` at ``priority`` (as ``Channel._q_for_pri``)."""
+    step = PRIORITY_STEPS[bisect(PRIORITY_STEPS, priority) - 1]
+    return f"{queue}{SEP}{step}" if step else queue
+
+
+def envelope(app: Celery, task: str, args: list[object], queue: str,
+             priority: int) -> tuple[str, str]:
+    """(Redis list key, JSON payload) for one task message."""
+    task_id = str(uuid.uuid4())
+    message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={},
+                                  argsrepr=json.dumps(args), kwargsrepr="{}")
+    content_type, content_encoding, body = dumps(message.body, serializer="json")
+    if isinstance(body, str):
+        body = body.encode(content_encoding or "utf-8")
+    payload = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": message.headers,
+        "properties": {
+            **message.properties,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": priority,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return queue_key(queue, priority), json.dumps(payload)

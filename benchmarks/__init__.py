@@ -1,0 +1,1 @@
+"""Benchmarks: agentbatch beside its peers on the same simulator, results as JSON ratios."""

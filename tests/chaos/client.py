@@ -1,0 +1,70 @@
+"""The chaos harness's submitting and collecting processes.
+
+``submit`` submits a batch, records its id, then logs every result it reads until it is
+killed. ``collect`` re-attaches with ``get_batch`` and writes every result it can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agentbatch import get_batch, submit_batch
+from tests.support.tools import Answer, cached_lookup, lookup
+
+TASK = (
+    "Agent {i}.\n"
+    '@sim tool lookup {{"key": "u{i}"}}\n'
+    '@sim tool cached_lookup {{"key": "c{c}"}}\n'
+    '@sim tool lookup {{"key": "s{s}"}}'
+)
+
+
+def inputs(n: int) -> list[dict[str, int]]:
+    return [{"i": i, "c": i % 20, "s": i % 50} for i in range(n)]
+
+
+def submit(args: argparse.Namespace) -> None:
+    handle = submit_batch(TASK, inputs(args.agents), tools=[lookup, cached_lookup],
+                          output_schema=Answer, model="sim-model", backend=args.backend,
+                          redis_url=args.redis_url, max_turns=5, max_retries=4,
+                          timeout_per_turn=args.timeout_per_turn)
+    out = Path(args.out)
+    out.with_suffix(".id").write_text(handle.batch_id)
+    with out.open("w") as f:
+        for result in handle.results():
+            f.write(f"{result.index}\n")
+            f.flush()
+
+
+def collect(args: argparse.Namespace) -> None:
+    handle = get_batch(args.batch_id, redis_url=args.redis_url)
+    rows = []
+    try:
+        for r in handle.results(timeout=args.timeout):
+            rows.append({"index": r.index, "ok": r.ok, "latency_s": r.latency_s,
+                         "error": r.error.model_dump() if r.error else None})
+    except Exception as exc:  # the harness reports how the reader ended
+        Path(args.out).write_text(json.dumps({"rows": rows, "raised": repr(exc)}))
+        sys.exit(3)
+    Path(args.out).write_text(json.dumps({"rows": rows, "raised": None}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["submit", "collect"])
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--backend", default="")
+    p.add_argument("--agents", type=int, default=1000)
+    p.add_argument("--batch-id", default="")
+    p.add_argument("--out", required=True)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout-per-turn", type=float, default=5.0)
+    args = p.parse_args()
+    submit(args) if args.mode == "submit" else collect(args)
+
+
+if __name__ == "__main__":
+    main()

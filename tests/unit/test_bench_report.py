@@ -1,0 +1,113 @@
+"""benchmarks/report.py renders README tables from result JSONs; workloads render valid tasks."""
+
+from __future__ import annotations
+
+import json
+
+from agentbatch.sim.script import parse_script
+from benchmarks.report import BEGIN, END, render_all, render_file, replace_section
+from benchmarks.workloads import WORKLOADS, get_workload
+
+
+def _run(wall: float, cpu: float) -> dict:
+    return {"wall_s": wall, "ok": 4, "agents_per_s": 4 / wall, "model_requests": 8,
+            "tool_executions": 4, "tool_calls": 4, "tool_calls_shared": 0, "cpu_s": cpu,
+            "cpu_ms_per_turn": cpu * 1e3 / 8, "wall_over_critical_path": wall / 0.32,
+            "errors": []}
+
+
+def _system(label: str, walls: list[float]) -> dict:
+    runs = [_run(w, 0.01) for w in walls]
+    med = dict(runs[len(runs) // 2])
+    return {"label": label, "settings": {}, "runs": runs, "median": med}
+
+
+EMBEDDED = {
+    "benchmark": "embedded",
+    "created": "2026-01-01T00:00:00Z",
+    "workload": {"name": "tool_roundtrip", "agents": 4, "fixed_ms": 60.0, "tool_ms": 200.0,
+                 "tool_rounds": 1, "distinct_keys": None},
+    "agents": 4,
+    "runs": 3,
+    "critical_path_s": 0.32,
+    "machine": {"cpus_usable": 2, "python": "3.11.7", "loadavg_at_start": [1.5, 1.0, 1.0],
+                "packages": {"agentbatch": "0.1.0", "batch-agent": None},
+                "agentbatch_http_client": "aiohttp"},
+    "systems": {
+        "agentbatch": _system("agentbatch embedded", [0.4, 0.5, 0.6]),
+        "naive_gather": _system("naive gather", [0.35, 0.36, 0.37]),
+    },
+    "ratios": {"agentbatch_wall_over_naive_gather_wall": 1.388,
+               "agentbatch_wall_over_naive_gather_wall_paired": [1.14, 1.39, 1.62],
+               "agentbatch_cpu_per_turn_over_naive_gather": 1.0},
+}
+
+HTTP = {
+    "benchmark": "http_clients", "created": "2026-01-01T00:00:00Z", "concurrency": 200,
+    "rounds": 5, "repeats": 3, "fixed_ms": 60.0, "machine": {},
+    "clients": {
+        "httpx": {"label": "one httpx", "median": {"cpu_ms_per_request": 15.0, "wall_s": 9.0,
+                                                   "ok": 1000, "requests": 1000}},
+        "aiohttp": {"label": "aiohttp", "median": {"cpu_ms_per_request": 0.5, "wall_s": 0.6,
+                                                   "ok": 1000, "requests": 1000}},
+    },
+}
+
+
+def test_embedded_table_has_a_row_per_system_and_the_ratios():
+    text = render_file(EMBEDDED)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 3  # header + 2 systems
+    assert rows[1].startswith("| agentbatch embedded | 0.500 | 0.40, 0.50, 0.60 | 1.6x |")
+    assert "4/4" in rows[1]
+    assert "agentbatch wall / naive_gather wall = **1.39** (paired runs: 1.14, 1.39, 1.62)" in text
+    assert "critical path 0.320 s" in text
+    assert "batch-agent" not in text.split("_2026")[1]  # packages without a version are left out
+
+
+def test_http_table_is_relative_to_aiohttp():
+    text = render_file(HTTP)
+    assert "| one httpx | 15.00 | 30.0x | 9.000 | 1000 | 1000 |" in text
+    assert "| aiohttp | 0.50 | 1.0x |" in text
+
+
+def test_unknown_benchmark_kind_is_reported_not_raised():
+    assert "no renderer" in render_file({"benchmark": "other"})
+
+
+def test_render_all_reads_result_files(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(EMBEDDED))
+    (tmp_path / "broken.json").write_text("{")
+    from benchmarks.report import load_results
+
+    out = render_all(load_results(tmp_path))
+    assert "Source: `a.json`" in out and "broken" not in out
+    assert render_all([]) == "_No results yet._"
+
+
+def test_replace_section_keeps_the_text_around_the_markers():
+    readme = f"intro\n\n{BEGIN}\nold table\n{END}\n\noutro\n"
+    new = replace_section(readme, "NEW")
+    assert new.startswith("intro\n\n") and new.endswith("\n\noutro\n")
+    assert "NEW" in new and "old table" not in new
+    assert replace_section(new, "NEWER").count(BEGIN) == 1
+    assert replace_section("no markers", "X").endswith(f"{BEGIN}\n\nX\n\n{END}\n")
+
+
+def test_workload_tasks_script_one_tool_call_per_round():
+    for wl in WORKLOADS.values():
+        inputs = wl.inputs(12)
+        tasks = [wl.task.format(**item) for item in inputs]
+        script = parse_script([tasks[0]])
+        assert not script.errors
+        assert [[c.name for c in r] for r in script.rounds] == [["lookup"]] * wl.tool_rounds
+        assert script.rounds[0][0].arguments == {"key": inputs[0]["key_0"]}
+        keys = {item["key_0"] for item in inputs}
+        assert len(keys) == (12 if wl.distinct_keys is None else min(12, wl.distinct_keys))
+
+
+def test_critical_path_is_two_passes_and_one_tool_call():
+    wl = get_workload("tool_roundtrip")
+    assert wl.agents == 200 and abs(wl.critical_path_s - 0.32) < 1e-9
+    assert wl.expected_model_turns() == 400 and wl.expected_tool_executions() == 200
+    assert get_workload("tool_roundtrip_shared").expected_tool_executions() == 10

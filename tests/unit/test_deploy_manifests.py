@@ -1,0 +1,437 @@
+"""The deployment files (compose/, k8s/) against the code they deploy.
+
+No Docker engine or Kubernetes cluster runs here, so these parse every file and check the
+structure that matters: KEDA watches exactly the Redis lists kombu fills, Redis keeps what
+it is given, worker commands name queues that exist, every workload has resources and a
+grace period, and every Secret or ConfigMap a workload reads is defined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from kombu.transport.redis import Channel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from agentbatch.orchestrator.options import BatchOptions
+from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE, client_app
+from agentbatch.workers.app import TURN_TASK as _TURN_TASK
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "compose"
+K8S = REPO / "k8s"
+QUEUES = {INFERENCE_QUEUE, TOOLS_QUEUE}
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+@cache
+def k8s_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += load_all(path)
+    return docs
+
+
+def k8s_objects(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in k8s_docs() if d["kind"] == kind}
+
+
+def kombu_list_names(queue: str) -> list[str]:
+    """The Redis lists kombu's priority transport reads for ``queue``, one per step."""
+    return [f"{queue}{Channel.sep}{step}" if step else queue for step in PRIORITY_STEPS]
+
+
+def parse_conf(text: str) -> dict[str, str]:
+    conf = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            conf[key.lower()] = value.strip()
+    return conf
+
+
+def option(argv: list[str], flag: str) -> str:
+    assert flag in argv, (flag, argv)
+    return argv[argv.index(flag) + 1]
+
+
+def pod_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return workload["spec"]["template"]["spec"]["containers"]
+
+
+def container_argv(container: dict[str, Any]) -> list[str]:
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+def env_names(container: dict[str, Any]) -> set[str]:
+    names = {e["name"] for e in container.get("env", [])}
+    configmaps = k8s_objects("ConfigMap")
+    for source in container.get("envFrom", []):
+        names |= set(configmaps[source["configMapRef"]["name"]]["data"])
+    return names
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def worker_deployments() -> dict[str, dict[str, Any]]:
+    return {name: d for name, d in k8s_objects("Deployment").items()
+            if "worker" in container_argv(pod_containers(d)[0])}
+
+
+# --- every file parses --------------------------------------------------------------------
+
+def test_every_yaml_file_parses_and_k8s_objects_are_well_formed():
+    files = sorted([*COMPOSE.glob("*.yml"), *COMPOSE.glob("*.yaml"), *K8S.glob("*.yaml")])
+    assert {p.name for p in files} >= {"docker-compose.yml", "kustomization.yaml",
+                                       "keda.yaml", "redis.yaml"}
+    for path in files:
+        docs = load_all(path)
+        assert docs, path
+        if path.parent == K8S:
+            for doc in docs:
+                assert {"apiVersion", "kind"} <= set(doc), (path, doc)
+                if doc["kind"] != "Kustomization":
+                    assert doc["metadata"]["name"], path
+
+
+def test_kustomization_lists_every_manifest_but_the_secret_template():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml",
+                                                        "secret.example.yaml"}
+    assert set(kustomization["resources"]) == manifests
+    assert "secret.example.yaml" not in kustomization["resources"]  # no placeholder secrets
+    namespaces = k8s_objects("Namespace")
+    assert list(namespaces) == [kustomization["namespace"]]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kubectl_kustomize_builds_offline():
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    names = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    assert ("ScaledObject", "inference-worker") in names
+    # the \x06\x16 list names survive kustomize's re-serialisation byte for byte
+    lists = [t["metadata"]["listName"] for d in rendered if d["kind"] == "ScaledObject"
+             for t in d["spec"]["triggers"]]
+    assert set(lists) == {n for q in QUEUES for n in kombu_list_names(q)}
+
+
+# --- KEDA watches exactly kombu's priority lists ------------------------------------------
+
+def test_kombu_list_names_match_kombus_own_naming():
+    """Our formula against kombu's Channel._q_for_pri, so a kombu change is caught."""
+    stub = SimpleNamespace(sep=Channel.sep, priority_steps=PRIORITY_STEPS)
+    stub.priority = lambda p: Channel.priority(stub, p)
+    for queue in QUEUES:
+        assert kombu_list_names(queue) == [Channel._q_for_pri(stub, queue, step)
+                                           for step in PRIORITY_STEPS]
+    assert kombu_list_names("inference") == [
+        "inference", "inference\x06\x163", "inference\x06\x166", "inference\x06\x169"]
+    # workers that LPUSH task messages themselves must push to the same lists
+    if importlib.util.find_spec("agentbatch.workers.envelope") is not None:
+        from agentbatch.workers.envelope import queue_key
+
+        for queue in QUEUES:
+            assert [queue_key(queue, step) for step in PRIORITY_STEPS] == \
+                kombu_list_names(queue)
+
+
+def test_each_worker_pool_has_a_scaledobject_with_one_trigger_per_priority_list():
+    scaled = k8s_objects("ScaledObject")
+    workers = worker_deployments()
+    assert set(workers) == {"inference-worker", "tool-worker"}
+    assert {so["spec"]["scaleTargetRef"]["name"] for so in scaled.values()} == set(workers)
+    auths = k8s_objects("TriggerAuthentication")
+    for so in scaled.values():
+        target = workers[so["spec"]["scaleTargetRef"]["name"]]
+        container = pod_containers(target)[0]
+        queue = option(container_argv(container), "--queues")
+        assert queue in QUEUES
+        triggers = so["spec"]["triggers"]
+        assert all(t["type"] == "redis" for t in triggers)
+        # EXACTLY kombu's lists, in step order, one trigger each
+        assert [t["metadata"]["listName"] for t in triggers] == kombu_list_names(queue)
+        for t in triggers:
+            meta = t["metadata"]
+            assert meta.get("databaseIndex", "0") == "0"  # the workers' URL ends in /0
+            assert meta["addressFromEnv"] in env_names(container)  # KEDA reads the pod's env
+            assert all(isinstance(v, str) for v in meta.values())  # metadata is string-only
+            auth = auths[t["authenticationRef"]["name"]]
+            refs = {r["parameter"]: (r["name"], r["key"])
+                    for r in auth["spec"]["secretTargetRef"]}
+            assert refs["password"] in secret_keys()
+        # the formula adds up every trigger, so the HPA scales on the whole backlog
+        modifiers = so["spec"]["advanced"]["scalingModifiers"]
+        names = [t["name"] for t in triggers]
+        assert len(set(names)) == len(names)
+        assert set(re.findall(r"[A-Za-z_]\w*", modifiers["formula"])) == set(names)
+        assert "+" in modifiers["formula"] and modifiers["target"]
+
+
+def test_the_redis_address_keda_reads_is_the_fqdn_of_the_redis_service():
+    namespace = yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
+    config = k8s_objects("ConfigMap")["agentbatch-config"]["data"]
+    service = k8s_objects("Service")["redis"]
+    port = service["spec"]["ports"][0]["port"]
+    assert config["AGENTBATCH_REDIS_ADDRESS"] == \
+        f"redis.{namespace}.svc.cluster.local:{port}"
+
+
+@pytest.mark.redis
+def test_kombu_really_fills_the_lists_keda_watches(redis_url):
+    """Send one turn per priority step through Celery and look at the keys in Redis."""
+    app = client_app(redis_url)
+    for step in PRIORITY_STEPS:
+        app.send_task(_TURN_TASK, args=["deploy-test", 0, 0, 1], queue=INFERENCE_QUEUE,
+                      priority=step)
+    r = redis.from_url(redis_url)
+    keys = {k.decode() for k in r.keys(f"{INFERENCE_QUEUE}*")}
+    watched = {t["metadata"]["listName"]
+               for t in k8s_objects("ScaledObject")["inference-worker"]["spec"]["triggers"]}
+    assert keys == watched
+    assert all(r.llen(k) == 1 for k in keys)
+
+
+# --- Redis keeps what it is given ---------------------------------------------------------
+
+def compose_redis_conf() -> dict[str, str]:
+    return parse_conf((COMPOSE / "redis.conf").read_text())
+
+
+def k8s_redis_conf() -> dict[str, str]:
+    return parse_conf(k8s_objects("ConfigMap")["redis-config"]["data"]["redis.conf"])
+
+
+@pytest.mark.parametrize("conf", [compose_redis_conf, k8s_redis_conf],
+                         ids=["compose", "k8s"])
+def test_redis_conf_is_append_only_and_never_evicts(conf):
+    c = conf()
+    assert c["appendonly"] == "yes"
+    assert c["appendfsync"] == "everysec"
+    assert c["maxmemory-policy"] == "noeviction"
+    assert c["dir"] == "/data"
+    assert "requirepass" not in c  # the password comes from the environment
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("conf_text", [
+    lambda: (COMPOSE / "redis.conf").read_text(),
+    lambda: k8s_objects("ConfigMap")["redis-config"]["data"]["redis.conf"],
+], ids=["compose", "k8s"])
+def test_redis_server_accepts_the_conf(conf_text):
+    """Start the real redis-server on each conf (dir/port/bind overridden for a sandbox)."""
+    from tests.support.redis_server import free_port
+
+    data = Path(tempfile.mkdtemp(prefix="agentbatch-conf-"))
+    port = free_port()
+    text = re.sub(r"(?m)^dir .*$", f"dir {data}", conf_text())
+    (data / "redis.conf").write_text(text)
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server",
+                             str(data / "redis.conf"), "--port", str(port),
+                             "--bind", "127.0.0.1", "--requirepass", "pw",
+                             "--logfile", str(data / "log")])
+    try:
+        client = redis.Redis(port=port, password="pw", socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None, (data / "log").read_text()
+                time.sleep(0.05)
+        got = {k: client.config_get(k)[k] for k in
+               ("appendonly", "appendfsync", "maxmemory-policy", "save")}
+        assert got == {"appendonly": "yes", "appendfsync": "everysec",
+                       "maxmemory-policy": "noeviction", "save": ""}
+        client.set("k", "v")
+        assert (data / "appendonlydir").is_dir()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="wrong", retry=Retry(NoBackoff(), 0)).ping()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_k8s_redis_persists_to_a_claimed_volume_with_the_password_from_a_secret():
+    sts = k8s_objects("StatefulSet")["redis"]
+    container = pod_containers(sts)[0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    assert mounts["data"] == k8s_redis_conf()["dir"] and "data" in claims
+    argv = container_argv(container)
+    assert argv[argv.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert "REDIS_PASSWORD" in env_names(container)
+    assert sts["spec"]["serviceName"] in k8s_objects("Service")
+
+
+def test_compose_redis_uses_the_conf_a_volume_and_a_password_from_the_env():
+    redis_svc = compose()["services"]["redis"]
+    assert any(v.startswith("./redis.conf:") for v in redis_svc["volumes"])
+    data = [v for v in redis_svc["volumes"] if v.endswith(":/data")]
+    assert data and data[0].split(":")[0] in compose()["volumes"]  # a named volume
+    command = redis_svc["command"]
+    assert command[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD")
+
+
+# --- workers ------------------------------------------------------------------------------
+
+def test_compose_workers_use_existing_queues_and_every_service_has_a_healthcheck():
+    services = compose()["services"]
+    assert set(services) == {"redis", "sim", "inference-worker", "tool-worker", "flower"}
+    for name, svc in services.items():
+        assert "healthcheck" in svc, name
+    inference = services["inference-worker"]["command"]
+    tools = services["tool-worker"]["command"]
+    assert inference[:2] == tools[:2] == ["agentbatch", "worker"]
+    assert option(inference, "--queues") == INFERENCE_QUEUE
+    assert option(tools, "--queues") == TOOLS_QUEUE
+    assert option(inference, "--concurrency") == "32"
+    assert services["inference-worker"]["deploy"]["replicas"] >= 1
+    for svc in ("inference-worker", "tool-worker"):
+        port = option(services[svc]["command"], "--metrics-port")
+        assert f":{port}/metrics" in " ".join(services[svc]["healthcheck"]["test"])
+        assert services[svc]["environment"]["AGENTBATCH_REDIS_URL"].startswith("redis://")
+    sim = services["sim"]["command"]
+    assert sim[:2] == ["agentbatch", "sim"] and option(sim, "--host") == "0.0.0.0"
+
+
+def test_compose_flower_and_env_example():
+    flower = compose()["services"]["flower"]
+    command = " ".join(flower["command"])
+    assert "celery -A agentbatch.workers --broker=" in command
+    assert "flower --port=5555" in command
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH")
+    assert "args" in flower["environment"]["FLOWER_TASKS_COLUMNS"].split(",")
+    # every variable the compose file requires (${X:?...}) is in .env.example
+    text = (COMPOSE / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{(\w+):\?", text))
+    example = {line.split("=", 1)[0] for line in (COMPOSE / ".env.example").read_text()
+               .splitlines() if "=" in line and not line.startswith("#")}
+    assert required == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+    assert required <= example
+    assert ".env" in (COMPOSE / ".gitignore").read_text().split()
+
+
+def test_dockerfile_installs_the_package_as_a_non_root_user():
+    text = (COMPOSE / "Dockerfile").read_text()
+    assert re.search(r"(?m)^FROM python:3\.11-slim$", text)
+    assert 'pip install ".[all]"' in text
+    users = re.findall(r"(?m)^USER (\S+)$", text)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+
+
+def test_k8s_workers_use_existing_queues_expose_metrics_and_shut_down_warm():
+    workers = worker_deployments()
+    turn_timeout = BatchOptions.__dataclass_fields__["timeout_per_turn"].default
+    tool_timeout = BatchOptions.__dataclass_fields__["timeout_per_tool"].default
+    for name, deployment in workers.items():
+        spec = deployment["spec"]
+        assert "replicas" not in spec, "KEDA owns the replica count"
+        pod = spec["template"]
+        container = pod_containers(deployment)[0]
+        argv = container_argv(container)
+        queue = option(argv, "--queues")
+        assert queue in QUEUES
+        grace = pod["spec"]["terminationGracePeriodSeconds"]
+        longest = turn_timeout if queue == INFERENCE_QUEUE else tool_timeout
+        assert grace > longest, (name, grace, longest)
+        # Prometheus scrapes the port the worker serves metrics on
+        port = option(argv, "--metrics-port")
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == port
+        assert annotations["prometheus.io/path"] == "/metrics"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == int(port)
+        assert container["livenessProbe"]["tcpSocket"]["port"] in ("metrics", int(port))
+        # the Redis URL is assembled from the Secret and the ConfigMap
+        url = next(e for e in container["env"] if e["name"] == "AGENTBATCH_REDIS_URL")
+        for var in re.findall(r"\$\((\w+)\)", url["value"]):
+            assert var in env_names(container)
+        assert url["value"].startswith("redis://") and url["value"].endswith("/0")
+
+
+def test_every_workload_has_resources_and_a_grace_period():
+    workloads = [*k8s_objects("Deployment").values(), *k8s_objects("StatefulSet").values()]
+    assert len(workloads) == 4
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        assert workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 0
+        for container in pod_containers(workload):
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), name
+            assert "memory" in resources["limits"], name
+            assert "livenessProbe" in container, name
+
+
+# --- Secrets and ConfigMaps ---------------------------------------------------------------
+
+def secret_keys() -> set[tuple[str, str]]:
+    keys = set()
+    for secret in load_all(K8S / "secret.example.yaml"):
+        assert secret["kind"] == "Secret"
+        keys |= {(secret["metadata"]["name"], k) for k in secret["stringData"]}
+    return keys
+
+
+def test_every_secret_and_configmap_a_workload_reads_is_defined():
+    configmaps = k8s_objects("ConfigMap")
+    for workload in [*k8s_objects("Deployment").values(), *k8s_objects("StatefulSet").values()]:
+        pod = workload["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert (ref["name"], ref["key"]) in secret_keys(), ref
+            for source in container.get("envFrom", []):
+                assert source["configMapRef"]["name"] in configmaps
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps
+
+
+def test_flower_deployment_uses_basic_auth_from_a_secret_and_a_service():
+    flower = k8s_objects("Deployment")["flower"]
+    container = pod_containers(flower)[0]
+    argv = container_argv(container)
+    assert argv[:3] == ["celery", "-A", "agentbatch.workers"]
+    assert "flower" in argv and "--port=5555" in argv
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == "agentbatch-flower"
+    assert "FLOWER_UNAUTHENTICATED_API" not in env
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthcheck"
+    service = k8s_objects("Service")["flower"]
+    assert service["spec"]["selector"] == flower["spec"]["selector"]["matchLabels"]
+    assert flower["spec"]["replicas"] == 1  # Flower's task history is in memory
+
+
+def test_batch_option_defaults_used_above_exist():
+    names = {f.name for f in dataclasses.fields(BatchOptions)}
+    assert {"timeout_per_turn", "timeout_per_tool"} <= names
