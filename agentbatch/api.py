@@ -38,6 +38,8 @@ def _options(
     checkpoint_dir: str | None = None,
     native_json_schema: bool = True,
     warm_prefix: bool = True,
+    batch_prompting: bool = False,
+    max_server_waiting: int | None = None,
 ) -> BatchOptions:
     """Collect the arguments; environment variables fill in what the call leaves out.
 
@@ -62,6 +64,10 @@ def _options(
         checkpoint_dir: where the embedded engine checkpoints (reserved).
         native_json_schema: also send the schema as ``response_format`` where it can apply.
         warm_prefix: send the shared prefix once before the fan-out.
+        batch_prompting: gather concurrent tool-free turns into one ``/v1/completions``
+            request with a prompt list (rendered with a ChatML template).
+        max_server_waiting: hold new model calls while the server's ``/metrics`` shows more
+            waiting requests than this (backpressure; None: off).
     """
     model = model or os.environ.get("AGENTBATCH_MODEL")
     backend = backend or os.environ.get("AGENTBATCH_BACKEND")
@@ -77,6 +83,7 @@ def _options(
         on_result=on_result, redis_url=redis_url or os.environ.get("AGENTBATCH_REDIS_URL"),
         batch_id=batch_id, checkpoint_dir=checkpoint_dir,
         native_json_schema=native_json_schema, warm_prefix=warm_prefix,
+        batch_prompting=batch_prompting, max_server_waiting=max_server_waiting,
     )
 
 

@@ -113,7 +113,49 @@ def render_http_clients(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", _machine_line(data)])
 
 
-RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients}
+def render_backends(data: dict[str, Any]) -> str:
+    """Batch prompting (per mode) and prefix warming (cold vs warm TTFT) from bench_backends."""
+    bp = data["batch_prompting"]
+    head = (f"#### Batch prompting: {bp['prompts']} concurrent single-turn prompts, "
+            f"per-prompt chat calls vs MicroBatchingBackend (max_batch {bp['max_batch']}), "
+            f"{data['runs']} runs (median)")
+    rows = []
+    for mode, res in bp["modes"].items():
+        for name, var in res["variants"].items():
+            med = var["median"]
+            r = res["ratios"].get(name) or {}
+            rows.append([mode, name, fmt(med["http_requests"]), fmt(med["wall_s"], 3),
+                         fmt(med["cpu_s"], 3), f"{fmt(med['ok'])}/{bp['prompts']}",
+                         fmt(med.get("uncached_prompt_tokens")),
+                         fmt(r.get("http_requests_batched_over_per_prompt"), 3),
+                         fmt(r.get("wall_batched_over_per_prompt"))])
+    tbl = table(["sim mode", "variant", "HTTP requests", "wall (s)", "client CPU (s)", "ok",
+                 "uncached prompt tokens", "requests batched/per-prompt",
+                 "wall batched/per-prompt"], rows)
+    pw = data["prefix_warming"]
+    head2 = (f"#### Prefix warming: {pw['agents']} concurrent streaming agents, shared system "
+             f"prompt ~{pw['shared_system_prompt_tokens_approx']} tokens, GPU-like sim "
+             f"(max_running {pw['sim_config'].get('max_running')}, "
+             f"{pw['sim_config'].get('prefill_ms_per_token')} ms/uncached token), "
+             f"{data['runs']} runs (median)")
+    rows2 = []
+    for name, var in pw["variants"].items():
+        med = var["median"]
+        rows2.append([name, fmt(med["ttft_p50_s"], 3), fmt(med["ttft_p95_s"], 3),
+                      f"{fmt(med['cached_tokens'])}/{fmt(med['prompt_tokens'])}",
+                      fmt(med.get("warmup_s"), 3), fmt(med["fanout_wall_s"], 3)])
+    tbl2 = table(["variant", "TTFT p50 (s)", "TTFT p95 (s)", "cached/prompt tokens",
+                  "warm-up (s)", "fan-out wall (s)"], rows2)
+    r2 = pw["ratios"]
+    bullet = (f"- warm/cold TTFT: p50 **{fmt(r2['ttft_p50_warm_over_cold'])}**, "
+              f"p95 **{fmt(r2['ttft_p95_warm_over_cold'])}**; wall incl. warm-up / cold wall "
+              f"{fmt(r2['wall_including_warmup_warm_over_cold'])} (simulator model of prefill, "
+              f"not a GPU)")
+    return "\n".join([head, "", tbl, "", head2, "", tbl2, "", bullet, "", _machine_line(data)])
+
+
+RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
+             "backends": render_backends}
 
 
 def render_file(data: dict[str, Any]) -> str:

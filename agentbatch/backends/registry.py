@@ -53,7 +53,9 @@ def backend_from_url(
     """A backend for ``url`` (see ``urls.KNOWN_SCHEMES``).
 
     ``timeout`` is the default per-turn deadline in seconds (a request's own ``timeout_s``
-    wins); ``api_key`` overrides the environment. Raises ``BatchSpecError`` for a malformed
+    wins); ``api_key`` overrides the environment. ``?stream=1`` on an OpenAI-compatible URL
+    builds the driver with ``stream=True`` (only then is ``stream`` passed, so drivers that
+    cannot stream need not accept it). Raises ``BatchSpecError`` for a malformed
     URL and ``ConfigError`` for a missing key or an unavailable driver.
     """
     target: BackendTarget = parse_backend_url(url, api_key=api_key)
@@ -61,4 +63,9 @@ def backend_from_url(
     if path is None:
         raise ConfigError(f"the {target.scheme}:// backend is not implemented yet")
     factory = _load(target.scheme, path)
-    return factory(target, timeout=timeout, max_connections=max_connections, api_key=api_key)
+    options: dict[str, Any] = {}
+    if target.stream:
+        options["stream"] = True
+    return factory(
+        target, timeout=timeout, max_connections=max_connections, api_key=api_key, **options
+    )

@@ -100,6 +100,9 @@ class RetryingBackend:
         self._wait = _PolicyWait(self.policy, rng)
         self.retries = 0
         self.retries_by_kind: Counter[str] = Counter()
+        # Called with each error that is about to be retried (e.g. a fleet-wide AIMD hears
+        # every 429 here, including the ones a retry later absorbs).
+        self.listeners: list[Callable[[BaseException], None]] = []
 
     @property
     def inner(self) -> Backend:
@@ -118,6 +121,9 @@ class RetryingBackend:
         outcome = retry_state.outcome
         error = outcome.exception() if outcome is not None else None
         self.retries_by_kind[getattr(error, "kind", type(error).__name__)] += 1
+        for listener in self.listeners:
+            if error is not None:
+                listener(error)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """``inner.complete`` with retries; raises the last ``BackendError`` when out of tries."""

@@ -55,9 +55,14 @@ def open_endpoint(url: str, *, timeout: float | None = None) -> Backend:
 
 
 def open_backend(
-    urls: list[str], *, timeout: float | None = None, policy: RetryPolicy | None = None
+    urls: list[str], *, timeout: float | None = None, policy: RetryPolicy | None = None,
+    batch_prompting: bool = False,
 ) -> Backend:
-    """One retrying backend for the batch's URL (or its pool of URLs / ``@hostfile``)."""
+    """One retrying backend for the batch's URL (or its pool of URLs / ``@hostfile``).
+
+    ``batch_prompting`` gathers concurrent tool-free turns into one ``/v1/completions``
+    request (``MicroBatchingBackend``), under the retry layer so a prompt whose fallback
+    fails is retried in a later batch."""
     urls = expand_backend_urls(urls)
     if len(urls) == 1:
         inner = open_endpoint(urls[0], timeout=timeout)
@@ -66,6 +71,10 @@ def open_backend(
 
         # Drivers connect lazily, so an error opening a later URL leaves nothing to close.
         inner = EndpointPool([open_endpoint(u, timeout=timeout) for u in urls])
+    if batch_prompting:
+        from .microbatch import MicroBatchingBackend
+
+        inner = MicroBatchingBackend(inner)
     return RetryingBackend(inner, policy or RetryPolicy())
 
 

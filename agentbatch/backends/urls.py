@@ -4,20 +4,29 @@
 it lets the registry pick per-server behaviour (capabilities, Dynamo hints) from the scheme.
 Parsing is strict and happens before anything is sent, so a typo fails the batch up front with
 a ``BatchSpecError`` instead of failing every agent at run time.
+
+Query options: ``?model=NAME`` (a default model) and, on OpenAI-compatible URLs, ``?stream=1``
+(stream chat completions, which measures time-to-first-token; off by default because a
+non-streamed reply costs the client less CPU).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from ..errors import BatchSpecError, ConfigError
 
+_TRUE = ("1", "true", "yes", "on", "")  # a bare ``?stream`` switches it on
+_FALSE = ("0", "false", "no", "off")
+
 # Self-hosted OpenAI-compatible servers: plain HTTP unless written ``<scheme>+https://``.
 SELF_HOSTED_SCHEMES = ("vllm", "sglang", "dynamo", "sim")
 KNOWN_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai", "anthropic", "bedrock")
+# Schemes spoken by ``OpenAICompatBackend``, the driver that can stream (``?stream=1``).
+STREAMABLE_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai")
 
 OPENAI_HOST = "api.openai.com"
 ANTHROPIC_HOST = "api.anthropic.com"
@@ -40,6 +49,7 @@ class BackendTarget:
     raw: str
     region: str | None = None
     model: str | None = None
+    stream: bool = False  # ``?stream=1``: stream chat completions (TTFT measured)
     # Kept out of repr/eq so a target can be logged or compared without leaking the key.
     api_key: str | None = field(default=None, repr=False, compare=False)
 
@@ -112,8 +122,39 @@ def parse_backend_url(url: str, *, api_key: str | None = None) -> BackendTarget:
             f"unknown backend scheme {full_scheme!r} in {url!r}; known schemes: {_known()}"
             " (self-hosted ones also accept '+https', e.g. vllm+https://)"
         )
-    query_model = (parse_qs(parts.query).get("model") or [None])[0]
+    query = parse_qs(parts.query, keep_blank_values=True)
+    query_model = (query.get("model") or [None])[0] or None
+    stream = _parse_stream(url, query.get("stream"))
+    if stream and base_scheme not in STREAMABLE_SCHEMES:
+        raise BatchSpecError(
+            f"?stream=1 in {url!r}: streaming is an option of OpenAI-compatible backends only"
+        )
+    target = _parse_target(url, raw, parts, base_scheme, transport, query_model, api_key)
+    return replace(target, stream=stream) if stream else target
 
+
+def _parse_stream(url: str, values: list[str] | None) -> bool:
+    """``?stream=`` as a bool; anything but a plain yes/no is a spec error, not a silent no."""
+    if not values:
+        return False
+    value = values[-1].strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise BatchSpecError(f"stream={values[-1]!r} in {url!r}: expected stream=1 or stream=0")
+
+
+def _parse_target(
+    url: str,
+    raw: str,
+    parts: SplitResult,
+    base_scheme: str,
+    transport: str,
+    query_model: str | None,
+    api_key: str | None,
+) -> BackendTarget:
+    """The target for an already validated scheme (query options applied by the caller)."""
     if base_scheme == "bedrock":
         return _parse_bedrock(raw, parts, query_model)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..backends.setup import expand_backend_urls
 from ..backends.urls import parse_backend_url
 from ..errors import BatchSpecError
 from ..toolpool import Tool, resolve_tool
@@ -130,6 +131,13 @@ def _backends(backend: Any) -> list[str]:
     for url in urls:
         if not isinstance(url, str):
             raise BatchSpecError(f"backend URLs must be strings, got {url!r}")
+    try:
+        expanded = expand_backend_urls(urls)
+    except OSError as exc:
+        raise BatchSpecError(f"backend hostfile could not be read: {exc}") from None
+    if not expanded:
+        raise BatchSpecError("the backend hostfile lists no endpoints")
+    for url in expanded:
         parse_backend_url(url)
     return urls
 
@@ -177,6 +185,8 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         temperature=opts.temperature,
         native_json_schema=opts.native_json_schema,
         warm_prefix=opts.warm_prefix,
+        batch_prompting=opts.batch_prompting,
+        max_server_waiting=opts.max_server_waiting,
         created_at=time.time(),
     )
     states = [

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..results import AgentResult
 from .agent_state import AgentState, AgentStatus
+from .backpressure import BackpressureGate
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
 from .runtime import BatchRuntime
@@ -24,11 +25,13 @@ log = logging.getLogger(__name__)
 
 class EmbeddedEngine:
     def __init__(self, rt: BatchRuntime, states: list[AgentState],
-                 sink: Callable[[AgentResult], None], *, max_inflight: int) -> None:
+                 sink: Callable[[AgentResult], None], *, max_inflight: int,
+                 gate: BackpressureGate | None = None) -> None:
         self.rt = rt
         self.states = {s.index: s for s in states}
         self.sink = sink
         self.slots = PrioritySlots(max_inflight)
+        self.gate = gate
         self._tasks: list[asyncio.Task[None]] = []
         self._cancel_reason: str | None = None
         self._started = time.monotonic()
@@ -54,6 +57,8 @@ class EmbeddedEngine:
 
     async def _perform(self, state: AgentState, action: object) -> Event:
         if isinstance(action, CallModel):
+            if self.gate is not None:
+                await self.gate.wait_ready()
             async with self.slots.slot(action.turns_left):
                 return await call_model(self.rt, state, action)
         return await run_tools(self.rt, state, action)  # type: ignore[arg-type]

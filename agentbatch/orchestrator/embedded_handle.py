@@ -15,6 +15,7 @@ from typing import Any
 from ..backends.setup import open_backend, warm_backend
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
+from .backpressure import BackpressureGate
 from .compile import CompiledBatch
 from .embedded import EmbeddedEngine
 from .handle import BatchHandle
@@ -43,7 +44,8 @@ class EmbeddedHandle(BatchHandle):
 
     async def _prepare(self) -> BatchRuntime:
         plan = self.compiled.plan
-        backend = open_backend(plan.backends, timeout=plan.timeout_per_turn)
+        backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
+                               batch_prompting=plan.batch_prompting)
         try:
             if plan.warm_prefix and self.total > 1:
                 await warm_backend(backend, plan)
@@ -55,7 +57,11 @@ class EmbeddedHandle(BatchHandle):
                           backend=backend)
         limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
                                          DEFAULT_MAX_INFLIGHT)
-        self.engine = EmbeddedEngine(rt, self.compiled.states, self._sink, max_inflight=limit)
+        gate = None
+        if plan.max_server_waiting is not None:
+            gate = BackpressureGate(backend, max_waiting=plan.max_server_waiting)
+        self.engine = EmbeddedEngine(rt, self.compiled.states, self._sink, max_inflight=limit,
+                                     gate=gate)
         if self._pending_cancel:
             self.engine.cancel()
         return rt
@@ -129,6 +135,18 @@ class EmbeddedHandle(BatchHandle):
         counts["finished"] = int(self.buffer.finished)
         counts["delivered"] = len(self.buffer)
         return counts
+
+    def stats(self) -> dict[str, object]:
+        """Requests sent, retries, peak in-flight requests and tool-pool counters."""
+        if self.engine is None:
+            return {}
+        backend = self.engine.rt.backend
+        return {
+            "requests_sent": getattr(backend, "requests_sent", None),
+            "retries": getattr(backend, "retries", None),
+            "peak_inflight": self.engine.slots.peak,
+            "tools": self.engine.rt.tools.stats(),
+        }
 
     def cancel(self) -> None:
         self._pending_cancel = True

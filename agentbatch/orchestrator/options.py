@@ -32,6 +32,8 @@ class BatchOptions:
     on_result: Callable[[Any], Any] | None = None
     native_json_schema: bool = True
     warm_prefix: bool = True
+    batch_prompting: bool = False
+    max_server_waiting: int | None = None
     redis_url: str | None = None
     batch_id: str | None = None
     checkpoint_dir: str | None = None

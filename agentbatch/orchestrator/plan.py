@@ -40,6 +40,8 @@ class BatchPlan(BaseModel):
     temperature: float | None = None
     native_json_schema: bool = True
     warm_prefix: bool = True
+    batch_prompting: bool = False
+    max_server_waiting: int | None = None
     created_at: float = 0.0
 
     @property

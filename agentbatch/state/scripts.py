@@ -9,7 +9,8 @@ from typing import Any
 _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("claim", "commit", "renew", "release", "record_tool", "sem_acquire", "tool_lead",
          "lock_renew",
-         "tool_finish")
+         "tool_finish",
+         "sem_throttle", "sem_success")
 
 
 @cache
@@ -30,6 +31,8 @@ class Scripts:
     release: Any
     record_tool: Any
     sem_acquire: Any
+    sem_throttle: Any
+    sem_success: Any
     tool_lead: Any
     tool_finish: Any
     lock_renew: Any

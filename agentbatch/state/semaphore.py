@@ -1,8 +1,15 @@
-"""A fleet-wide cap on in-flight inference requests per backend.
+"""A fleet-wide cap on in-flight inference requests per backend, with fleet-wide AIMD.
 
 Holders are members of a sorted set scored by expiry, renewed while the call runs; a killed
 worker's slot frees itself when its score passes. Waiting backs off with jitter up to a short
 cap: slots turn over every few hundred milliseconds, so polling stays cheap and fair enough.
+
+Hosted APIs throttle per account, not per worker, so the AIMD limit is shared too: it lives in
+the ``<sem key>:aimd`` hash (``limit``, ``last_throttle_ms``, ``last_decrease_ms``,
+``last_increase_ms``) and the effective cap is ``min(limit, aimd limit)``. A throttle seen by
+any worker halves it for all (at most once per ``cooldown_ms``: a burst of 429s is one
+signal); after ``quiet_ms`` without throttles or increases, a success adds one slot back.
+Times come from ``clock`` and travel as script arguments, so tests control them.
 """
 
 from __future__ import annotations
@@ -18,27 +25,90 @@ from .keys import semaphore
 from .redis_store import now_ms
 from .scripts import Scripts
 
+Clock = Callable[[], int]
+
 
 class RedisSemaphore:
+    """``async with sem.slot(): ...`` holds one of ``limit`` fleet-wide slots (or fewer, while
+    the shared AIMD limit is lower). ``on_throttle`` / ``on_success`` feed that AIMD limit."""
+
     def __init__(self, client: Any, scripts: Scripts, name: str, limit: int, *,
-                 ttl_ms: int = 30_000, max_backoff_s: float = 0.2) -> None:
+                 ttl_ms: int = 30_000, max_backoff_s: float = 0.2,
+                 cooldown_ms: int = 2000, quiet_ms: int = 30_000,
+                 clock: Clock | None = None) -> None:
+        if limit < 1:
+            raise ValueError("semaphore limit must be >= 1")
         self._r = client
         self._s = scripts
         self.key = semaphore(name)
+        self.aimd_key = f"{self.key}:aimd"
         self.limit = limit
         self.ttl_ms = ttl_ms
         self.max_backoff_s = max_backoff_s
+        self.cooldown_ms = cooldown_ms
+        self.quiet_ms = quiet_ms
+        self._clock: Clock = clock or now_ms
+        # The shared AIMD limit as last seen by this process (None: none set), once seen. It
+        # lets ``on_success`` skip the Redis round trip while there is nothing to recover.
+        self.seen_limit: int | None = None
+        self._seen = False
+        self.throttles = 0  # on_throttle calls
+        self.decreases = 0  # ... that halved the shared limit
+        self.increases = 0  # on_success calls that raised it
+
+    def _note(self, dynamic: Any) -> int | None:
+        value = int(dynamic)
+        self.seen_limit = value if value >= 0 else None
+        self._seen = True
+        return self.seen_limit
 
     async def try_acquire(self, holder: str) -> bool:
-        return bool(await self._s.sem_acquire(keys=[self.key],
-                                              args=[holder, self.limit, self.ttl_ms, now_ms()]))
+        ok, dynamic = await self._s.sem_acquire(
+            keys=[self.key, self.aimd_key],
+            args=[holder, self.limit, self.ttl_ms, self._clock()],
+        )
+        self._note(dynamic)
+        return bool(ok)
 
     async def release(self, holder: str) -> None:
         await self._r.zrem(self.key, holder)
 
     async def holders(self) -> int:
-        await self._r.zremrangebyscore(self.key, "-inf", now_ms())
+        await self._r.zremrangebyscore(self.key, "-inf", self._clock())
         return int(await self._r.zcard(self.key))
+
+    async def effective_limit(self) -> int:
+        """``min(limit, shared AIMD limit)``: how many slots the fleet may hold right now."""
+        dynamic = self._note(await self._r.hget(self.aimd_key, "limit") or -1)
+        return self.limit if dynamic is None else min(self.limit, dynamic)
+
+    async def on_throttle(self) -> bool:
+        """A 429/throttle was seen: halve the shared limit (once per cooldown); True if now."""
+        self.throttles += 1
+        halved, dynamic = await self._s.sem_throttle(
+            keys=[self.aimd_key], args=[self.limit, self._clock(), self.cooldown_ms]
+        )
+        self._note(dynamic)
+        if halved:
+            self.decreases += 1
+        return bool(halved)
+
+    async def on_success(self) -> bool:
+        """A call succeeded: +1 once ``quiet_ms`` passed since the last throttle and increase.
+
+        No Redis call while the shared limit this process last saw (every ``try_acquire``
+        refreshes it) was unset or at the cap: there is nothing to recover then, and a
+        throttle since then starts a quiet period that forbids an increase anyway.
+        """
+        if self._seen and (self.seen_limit is None or self.seen_limit >= self.limit):
+            return False
+        increased, dynamic = await self._s.sem_success(
+            keys=[self.aimd_key], args=[self.limit, self._clock(), self.quiet_ms]
+        )
+        self._note(dynamic)
+        if increased:
+            self.increases += 1
+        return bool(increased)
 
     @contextlib.asynccontextmanager
     async def slot(self, ready: Callable[[], Awaitable[None]] | None = None

@@ -6,6 +6,7 @@ task thread of the process, so connection pools and loaded tools are reused acro
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -15,7 +16,8 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..backends.setup import open_backend
-from ..errors import BatchSpecError
+from ..errors import BatchSpecError, RateLimited
+from ..orchestrator.backpressure import BackpressureGate
 from ..orchestrator.options import DEFAULT_MAX_INFLIGHT
 from ..orchestrator.output import OutputContract
 from ..orchestrator.plan import BatchPlan
@@ -57,6 +59,7 @@ class WorkerContext:
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
         self._backends: dict[tuple[str, ...], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}
+        self._gates: dict[tuple[tuple[str, ...], int], BackpressureGate] = {}
 
     def store(self, batch_id: str) -> BatchStore:
         return BatchStore(self.redis, self.scripts, batch_id)
@@ -104,9 +107,29 @@ class WorkerContext:
         key = tuple(plan.backends)
         backend = self._backends.get(key)
         if backend is None:
-            backend = open_backend(plan.backends, timeout=plan.timeout_per_turn)
+            backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
+                                   batch_prompting=plan.batch_prompting)
+            listeners = getattr(backend, "listeners", None)
+            if listeners is not None:
+                listeners.append(lambda error: self._on_retry(plan, backend, error))
             self._backends[key] = backend
         return backend
+
+    def _on_retry(self, plan: BatchPlan, backend: Backend, error: BaseException) -> None:
+        """A throttle anywhere in the fleet halves the shared limit (fleet-wide AIMD)."""
+        if isinstance(error, RateLimited):
+            task = asyncio.ensure_future(self.semaphore(plan, backend).on_throttle())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def gate(self, plan: BatchPlan, backend: Backend) -> BackpressureGate | None:
+        if plan.max_server_waiting is None:
+            return None
+        key = (tuple(plan.backends), plan.max_server_waiting)
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = BackpressureGate(backend,
+                                                       max_waiting=plan.max_server_waiting)
+        return gate
 
     def semaphore(self, plan: BatchPlan, backend: Backend) -> RedisSemaphore:
         limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,

@@ -23,6 +23,8 @@ from ..orchestrator.turns import (
     Cancelled,
     Event,
     InvalidTransition,
+    ModelFailed,
+    ModelReplied,
     ToolsFinished,
     next_action,
     step,
@@ -115,8 +117,15 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
         raise InvalidTransition(f"agent {state.index} is not waiting on the model")
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend)
-    async with lease_renewal(ctx, loaded.store, state.index, token), sem.slot():
-        return await call_model(rt, state, action)
+    gate = ctx.gate(loaded.plan, rt.backend)
+    async with lease_renewal(ctx, loaded.store, state.index, token), \
+            sem.slot(ready=gate.wait_ready if gate else None):
+        event = await call_model(rt, state, action)
+    if isinstance(event, ModelReplied):
+        await sem.on_success()  # AIMD: regrow the shared limit after a quiet period
+    elif isinstance(event, ModelFailed) and event.kind == "rate_limited":
+        await sem.on_throttle()
+    return event
 
 
 async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,

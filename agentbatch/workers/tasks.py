@@ -12,7 +12,7 @@ import threading
 
 from celery import signals
 
-from . import loop
+from . import kombu_client_cache, loop
 from .app import SWEEP_TASK, TOOL_TASK, TURN_TASK, app
 from .context import worker_context
 from .dispatch import publish
@@ -20,6 +20,7 @@ from .steps import run_tool, run_turn
 from .sweep import sweep_once
 
 log = logging.getLogger(__name__)
+kombu_client_cache.install()
 
 
 @app.task(name=TURN_TASK, bind=True)

@@ -1,0 +1,113 @@
+"""Backpressure from the server's own queue: hold new model calls while it is backed up.
+
+A fixed in-flight cap cannot know how busy a shared server is (other batches, other users).
+vLLM-style servers publish ``num_requests_waiting``; when that queue is longer than
+``max_waiting``, sending more only lengthens it (and every queued prompt holds KV memory the
+running ones could use), so callers wait and re-check every ``interval_s`` instead.
+
+The load is fetched at most once per ``interval_s`` and shared: however many agents wait, one
+``fetch_load()`` is in flight at a time. A backend without metrics (``fetch_load`` missing,
+returning None, or failing) never blocks: backpressure is advisory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..backends.base import ServerLoad
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class BackpressureGate:
+    """``await gate.wait_ready()`` before each model call (or pass it as ``slot(ready=...)``).
+
+    ``stats()``: ``checks`` (``wait_ready`` calls), ``holds`` (calls that had to wait),
+    ``sleeps`` (intervals slept in total), ``fetches`` (``fetch_load`` calls), ``last_waiting``.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        max_waiting: float,
+        interval_s: float = 0.5,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self._fetch_load = getattr(backend, "fetch_load", None)
+        self.max_waiting = max_waiting
+        self.interval_s = interval_s
+        self._clock = clock
+        self._sleep = sleep
+        self._load: ServerLoad | None = None
+        self._fetched_at: float | None = None
+        self._inflight: asyncio.Future[ServerLoad | None] | None = None
+        self.checks = 0
+        self.holds = 0
+        self.sleeps = 0
+        self.fetches = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "checks": self.checks,
+            "holds": self.holds,
+            "sleeps": self.sleeps,
+            "fetches": self.fetches,
+            "last_waiting": self._load.waiting if self._load is not None else None,
+        }
+
+    def _blocked(self, load: ServerLoad | None) -> bool:
+        return load is not None and load.waiting > self.max_waiting
+
+    async def wait_ready(self) -> None:
+        """Return once the last known load shows ``waiting <= max_waiting`` (or is unknown)."""
+        self.checks += 1
+        if self._fetch_load is None:
+            return
+        held = False
+        while self._blocked(await self.load()):
+            if not held:
+                held = True
+                self.holds += 1
+            self.sleeps += 1
+            await self._sleep(self.interval_s)
+
+    async def load(self) -> ServerLoad | None:
+        """The server load, refreshed when older than ``interval_s``; one fetch at a time."""
+        if self._fetch_load is None:
+            return None
+        fresh = (
+            self._fetched_at is not None and self._clock() - self._fetched_at < self.interval_s
+        )
+        if fresh:
+            return self._load
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._refresh())
+        # Shielded: a waiter that is cancelled must not cancel the fetch the others share.
+        return await asyncio.shield(self._inflight)
+
+    async def _refresh(self) -> ServerLoad | None:
+        assert self._fetch_load is not None
+        self.fetches += 1
+        try:
+            load = await self._fetch_load()
+        except Exception as exc:  # advisory: a failing probe must never stall the batch
+            log.debug("fetch_load failed: %r", exc)
+            load = None
+        except BaseException:
+            self._inflight = None
+            raise
+        self._load = load if isinstance(load, ServerLoad) else None
+        self._fetched_at = self._clock()
+        self._inflight = None
+        return self._load

@@ -1,0 +1,213 @@
+"""The distributed engine on this machine: wall, CPU and Redis commands per turn, vs the
+Celery floor (the same task graph of no-op tasks) in the same run.
+
+    python -m benchmarks.bench_distributed --agents 1000 --json benchmarks/results/distributed_1000.json
+
+Everything runs on this one 2-core machine: a throwaway redis-server, the simulator (its own
+process), 4 inference-worker and 2 tool-worker processes, and this submitting process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from agentbatch import submit_batch
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.process import SimProcess
+from tests.chaos.client import TASK, inputs
+from tests.support.redis_server import RedisServer
+from tests.support.tools import Answer, cached_lookup, lookup
+from tests.support.workers import REPO, WorkerProcess
+
+from .machine import machine_info, utc_now, write_json
+
+ROUNDS = 3  # tool rounds per agent in tests.chaos.client.TASK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its reaped children (prefork pools)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def commands(client: redis.Redis) -> int:
+    return sum(v["calls"] for v in client.info("commandstats").values())
+
+
+def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
+                app: str | None = None) -> list[Any]:
+    env = {"TEST_TOOL_SLEEP_S": os.environ.get("TEST_TOOL_SLEEP_S", "0.2")}
+    if app is None:
+        procs: list[Any] = [WorkerProcess(url, queues=q, concurrency=concurrency, name=f"b{i}",
+                                          env=env).start(wait=False)
+                            for i, q in enumerate(["inference"] * n_inf + ["tools"] * n_tools)]
+        for p in procs:
+            p.wait_ready()
+        return procs
+    procs = []
+    for i, q in enumerate(["inference"] * n_inf + ["tools"] * n_tools):
+        log = open(f"/tmp/agentbatch-floor-{i}.log", "wb")  # noqa: SIM115 (lives with the proc)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", q, "-P", "threads",
+             "-c", str(concurrency), "--without-mingle", "--without-gossip", "-l", "INFO",
+             "-n", f"floor{i}@%h"],
+            env={**os.environ, "AGENTBATCH_REDIS_URL": url, "PYTHONPATH": str(REPO)},
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
+    deadline = time.monotonic() + 60
+    for i in range(len(procs)):
+        while b" ready." not in Path(f"/tmp/agentbatch-floor-{i}.log").read_bytes():
+            if time.monotonic() > deadline:
+                raise TimeoutError("floor workers did not start")
+            time.sleep(0.1)
+    return procs
+
+
+def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n_tools: int,
+                   concurrency: int) -> dict[str, Any]:
+    r = redis.from_url(server.url)
+    r.flushdb()
+    fleet = start_fleet(server.url, n_inf, n_tools, concurrency)
+    try:
+        r.config_resetstat()
+        before = {p.proc.pid: cpu_seconds(p.proc.pid) for p in fleet}
+        redis_before = cpu_seconds(server.proc.pid)
+        me_before = time.process_time()
+        started = time.perf_counter()
+        handle = submit_batch(TASK, inputs(agents), tools=[lookup, cached_lookup],
+                              output_schema=Answer, model="sim-model", backend=backend,
+                              redis_url=server.url, max_turns=5)
+        submitted = time.perf_counter() - started
+        results = handle.wait(timeout=1800)
+        wall = time.perf_counter() - started
+        worker_cpu = sum(cpu_seconds(p.proc.pid) - before[p.proc.pid] for p in fleet)
+        redis_cpu = cpu_seconds(server.proc.pid) - redis_before
+        client_cpu = time.process_time() - me_before
+        cmds = commands(r)
+    finally:
+        for p in fleet:
+            p.stop(timeout=30)
+    model_turns = sum(res.turns for res in results)
+    tool_calls = sum(len(res.tool_calls) for res in results)
+    tasks = model_turns + tool_calls
+    return {
+        "agents": agents, "ok": sum(res.ok for res in results), "wall_s": round(wall, 3),
+        "submit_s": round(submitted, 3), "model_turns": model_turns, "tool_calls": tool_calls,
+        "tasks": tasks,
+        "cpu_s": {"workers": round(worker_cpu, 2), "redis": round(redis_cpu, 2),
+                  "submitter": round(client_cpu, 2)},
+        "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
+                                               / tasks * 1000, 3),
+        "redis_commands_per_task_incl_lua": round(cmds / tasks, 2),
+    }
+
+
+def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
+              concurrency: int) -> dict[str, Any]:
+    from benchmarks.celery_floor import DONE_KEY, app, step_message
+
+    from agentbatch.workers.dispatch import publish
+
+    r = redis.from_url(server.url)
+    r.flushdb()
+    fleet = start_fleet(server.url, n_inf, n_tools, concurrency, app="benchmarks.celery_floor")
+    try:
+        steps = 2 * ROUNDS + 1
+        app.conf.broker_url = server.url
+        started = time.perf_counter()
+        publish(app, [step_message(a, steps) for a in range(agents)])
+        while int(r.get(DONE_KEY) or 0) < agents:
+            time.sleep(0.05)
+        wall = time.perf_counter() - started
+    finally:
+        for p in fleet:
+            p.terminate()
+            p.wait(30)
+    return {"agents": agents, "tasks": agents * steps, "wall_s": round(wall, 3)}
+
+
+def client_commands_per_task(server: RedisServer, backend: str, concurrency: int) -> dict:
+    """Count client round trips (not Lua-internal calls) with MONITOR on a small batch."""
+    r = redis.from_url(server.url)
+    r.flushdb()
+    fleet = start_fleet(server.url, 1, 1, concurrency)
+    mon = subprocess.Popen(["redis-cli", "-p", str(server.port), "monitor"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        results = submit_batch(TASK, inputs(50), tools=[lookup, cached_lookup],
+                               output_schema=Answer, model="sim-model", backend=backend,
+                               redis_url=server.url, max_turns=5).wait(timeout=300)
+        time.sleep(1.0)
+    finally:
+        mon.terminate()
+        out = mon.communicate(timeout=10)[0]
+        for p in fleet:
+            p.stop(timeout=30)
+    lines = [ln for ln in out.splitlines() if ln and ln[0].isdigit()]
+    client = [ln for ln in lines if "lua]" not in ln]
+    tasks = sum(res.turns + len(res.tool_calls) for res in results)
+    by_cmd: dict[str, int] = {}
+    for ln in client:
+        cmd = ln.split('"')[1].upper() if '"' in ln else "?"
+        by_cmd[cmd] = by_cmd.get(cmd, 0) + 1
+    return {"tasks": tasks, "client_commands_per_task": round(len(client) / tasks, 2),
+            "lua_internal_per_task": round((len(lines) - len(client)) / tasks, 2),
+            "client_commands_by_name": dict(sorted(by_cmd.items(), key=lambda kv: -kv[1]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=1000)
+    p.add_argument("--inference-workers", type=int, default=4)
+    p.add_argument("--tool-workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--fixed-ms", type=float, default=60.0)
+    p.add_argument("--tool-s", type=float, default=0.2)
+    p.add_argument("--json", default="benchmarks/results/distributed_1000.json")
+    args = p.parse_args(argv)
+    os.environ["TEST_TOOL_SLEEP_S"] = str(args.tool_s)
+    server = RedisServer().start()
+    sim = SimProcess(SimConfig(fixed_ms=args.fixed_ms)).start()
+    backend = "sim://" + sim.url.split("://", 1)[1]
+    try:
+        monitor = client_commands_per_task(server, backend, args.concurrency)
+        ours = run_agentbatch(server, backend, args.agents, args.inference_workers,
+                              args.tool_workers, args.concurrency)
+        floor = run_floor(server, args.agents, args.inference_workers, args.tool_workers,
+                          args.concurrency)
+    finally:
+        sim.stop()
+        server.cleanup()
+    critical = (ROUNDS + 1) * args.fixed_ms / 1000 + ROUNDS * args.tool_s
+    report = {
+        "benchmark": "distributed",
+        "when": utc_now(),
+        "machine": machine_info(),
+        "workload": {"agents": args.agents, "tool_rounds": ROUNDS, "fixed_ms": args.fixed_ms,
+                     "tool_s": args.tool_s, "inference_workers": args.inference_workers,
+                     "tool_workers": args.tool_workers, "threads_per_worker": args.concurrency,
+                     "critical_path_s": round(critical, 3)},
+        "agentbatch": ours,
+        "celery_floor": floor,
+        "redis_round_trips": monitor,
+        "ratios": {
+            "wall_vs_celery_floor": round(ours["wall_s"] / floor["wall_s"], 3),
+            "wall_vs_critical_path": round(ours["wall_s"] / critical, 3),
+        },
+    }
+    write_json(Path(args.json), report)
+    print({k: report[k] for k in ("agentbatch", "celery_floor", "ratios")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The Celery floor: the distributed engine's task graph with every task a no-op.
+
+Each agent is a chain of (turn, tool) x rounds + a final turn, alternating queues exactly as
+the real engine does; each task only enqueues the next (with the same pipelined envelope
+path). Workers: ``celery -A benchmarks.celery_floor worker -Q inference,tools -P threads``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, make_app
+from agentbatch.workers.dispatch import Followup, publish
+
+app = make_app(os.environ.get("AGENTBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+DONE_KEY = "floor:done"
+
+
+def step_message(agent: int, remaining: int) -> Followup:
+    """The next no-op task: odd steps are tool calls, even ones model turns."""
+    queue = TOOLS_QUEUE if remaining % 2 == 0 else INFERENCE_QUEUE
+    return Followup("floor.step", (agent, remaining), queue, 9)
+
+
+@app.task(name="floor.step", bind=True)
+def step(self, agent: int, remaining: int) -> None:  # noqa: ANN001
+    if remaining <= 1:
+        redis.from_url(self.app.conf.broker_url).incr(DONE_KEY)
+        return
+    publish(self.app, [step_message(agent, remaining - 1)])
