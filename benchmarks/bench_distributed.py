@@ -1,7 +1,8 @@
 """The distributed engine on this machine: wall, CPU and Redis commands per turn, vs the
 Celery floor (the same task graph of no-op tasks) in the same run.
 
-    python -m benchmarks.bench_distributed --agents 1000 --json benchmarks/results/distributed_1000.json
+    python -m benchmarks.bench_distributed --agents 1000 \\
+        --json benchmarks/results/distributed_1000.json
 
 Everything runs on this one 2-core machine: a throwaway redis-server, the simulator (its own
 process), 4 inference-worker and 2 tool-worker processes, and this submitting process.
@@ -112,9 +113,8 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
 
 def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
               concurrency: int) -> dict[str, Any]:
-    from benchmarks.celery_floor import DONE_KEY, app, step_message
-
     from agentbatch.workers.dispatch import publish
+    from benchmarks.celery_floor import DONE_KEY, app, step_message
 
     r = redis.from_url(server.url)
     r.flushdb()
@@ -136,31 +136,46 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
 
 def client_commands_per_task(server: RedisServer, backend: str, concurrency: int) -> dict:
     """Count client round trips (not Lua-internal calls) with MONITOR on a small batch."""
+    import threading
+
     r = redis.from_url(server.url)
     r.flushdb()
     fleet = start_fleet(server.url, 1, 1, concurrency)
-    mon = subprocess.Popen(["redis-cli", "-p", str(server.port), "monitor"],
-                           stdout=subprocess.PIPE, text=True)
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        client = redis.from_url(server.url, socket_timeout=1.0)
+        with client.monitor() as monitor:
+            while not stop.is_set():
+                try:
+                    cmd = monitor.next_command()
+                except redis.TimeoutError:
+                    continue
+                seen.append((cmd["client_type"], cmd["command"].split(" ", 1)[0].upper()))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
-        time.sleep(0.5)
+        time.sleep(1.0)
+        seen.clear()
         results = submit_batch(TASK, inputs(50), tools=[lookup, cached_lookup],
                                output_schema=Answer, model="sim-model", backend=backend,
                                redis_url=server.url, max_turns=5).wait(timeout=300)
         time.sleep(1.0)
+        stop.set()
+        watcher.join(5)
     finally:
-        mon.terminate()
-        out = mon.communicate(timeout=10)[0]
         for p in fleet:
             p.stop(timeout=30)
-    lines = [ln for ln in out.splitlines() if ln and ln[0].isdigit()]
-    client = [ln for ln in lines if "lua]" not in ln]
     tasks = sum(res.turns + len(res.tool_calls) for res in results)
+    client = [name for kind, name in seen if kind != "lua"]
     by_cmd: dict[str, int] = {}
-    for ln in client:
-        cmd = ln.split('"')[1].upper() if '"' in ln else "?"
-        by_cmd[cmd] = by_cmd.get(cmd, 0) + 1
-    return {"tasks": tasks, "client_commands_per_task": round(len(client) / tasks, 2),
-            "lua_internal_per_task": round((len(lines) - len(client)) / tasks, 2),
+    for name in client:
+        by_cmd[name] = by_cmd.get(name, 0) + 1
+    return {"tasks": tasks, "window_s": "batch of 50 agents, 2 workers, idle polling included",
+            "client_commands_per_task": round(len(client) / tasks, 2),
+            "lua_internal_per_task": round((len(seen) - len(client)) / tasks, 2),
             "client_commands_by_name": dict(sorted(by_cmd.items(), key=lambda kv: -kv[1]))}
 
 

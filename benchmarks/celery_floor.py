@@ -25,7 +25,7 @@ def step_message(agent: int, remaining: int) -> Followup:
 
 
 @app.task(name="floor.step", bind=True)
-def step(self, agent: int, remaining: int) -> None:  # noqa: ANN001
+def step(self, agent: int, remaining: int) -> None:
     if remaining <= 1:
         redis.from_url(self.app.conf.broker_url).incr(DONE_KEY)
         return

@@ -50,15 +50,14 @@ def git_revision() -> dict[str, Any]:
 
 
 def agentbatch_http_client() -> str:
-    """Which HTTP library agentbatch's OpenAI-compatible backend imports (it is changing)."""
-    found = []
-    for rel in ("agentbatch/backends/http_session.py", "agentbatch/backends/openai_compat.py"):
-        path = REPO / rel
-        text = path.read_text() if path.exists() else ""
-        for lib in ("aiohttp", "httpx"):
-            if f"import {lib}" in text and lib not in found:
-                found.append(lib)
-    return "+".join(found) or "unknown"
+    """The HTTP library agentbatch's OpenAI-compatible backend uses by default."""
+    try:
+        from agentbatch.backends.openai_compat import OpenAICompatBackend
+
+        session = OpenAICompatBackend("http://127.0.0.1:9")._session
+    except Exception as exc:  # report, never fail a benchmark over this
+        return f"unknown ({exc})"
+    return "aiohttp" if type(session).__name__ == "AiohttpSession" else "httpx"
 
 
 def machine_info() -> dict[str, Any]:

@@ -154,8 +154,67 @@ def render_backends(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", head2, "", tbl2, "", bullet, "", _machine_line(data)])
 
 
+def render_distributed(data: dict[str, Any]) -> str:
+    w, ours, floor = data["workload"], data["agentbatch"], data["celery_floor"]
+    rt, ratios = data["redis_round_trips"], data["ratios"]
+    head = (f"### Distributed engine: {w['agents']} agents x {w['tool_rounds']} tool rounds, "
+            f"{w['inference_workers']} inference + {w['tool_workers']} tool worker processes "
+            f"(threads x {w['threads_per_worker']}), sim fixed {fmt(w['fixed_ms'], 0)} ms, "
+            f"tool {fmt(w['tool_s'])} s")
+    tbl = table(
+        ["run", "tasks", "ok", "wall s", "wall / Celery floor", "wall / critical path"],
+        [["agentbatch", ours["tasks"], f"{ours['ok']}/{ours['agents']}", fmt(ours["wall_s"]),
+          fmt(ratios["wall_vs_celery_floor"]), fmt(ratios["wall_vs_critical_path"])],
+         ["Celery floor (same task graph, no-op tasks)", floor["tasks"], "-",
+          fmt(floor["wall_s"]), "1.00", "-"]],
+    )
+    cpu = ours["cpu_s"]
+    bullets = [
+        f"- CPU per task (turn or tool call), all processes: "
+        f"**{fmt(ours['cpu_ms_per_task_all_processes'])} ms** (workers {fmt(cpu['workers'])} s, "
+        f"redis {fmt(cpu['redis'])} s, submitter {fmt(cpu['submitter'])} s); submit of "
+        f"{ours['agents']} agents took {fmt(ours['submit_s'])} s",
+        f"- Redis client round trips per task: **{fmt(rt['client_commands_per_task'])}** "
+        f"(Celery's own included; plus {fmt(rt['lua_internal_per_task'])} commands run inside "
+        f"our Lua scripts); all commands incl. Lua: "
+        f"{fmt(ours['redis_commands_per_task_incl_lua'])} per task",
+        "- client round trips by command: " + ", ".join(
+            f"{k} {v}" for k, v in list(rt["client_commands_by_name"].items())[:8]),
+    ]
+    return "\n".join([head, "", tbl, "", *bullets, "", _machine_line(data)])
+
+
+def render_chaos(data: dict[str, Any]) -> str:
+    cfg, base, chaos = data["config"], data.get("without_chaos"), data["with_chaos"]
+    head = (f"### Chaos: {cfg['agents']} agents x 3 tool rounds, {cfg['inference_workers']} "
+            f"inference + {cfg['tool_workers']} tool workers, lease {fmt(cfg['lease_ttl_s'])} s, "
+            f"sweep {fmt(cfg['sweep_interval_s'])} s")
+    rows = []
+    for name, run in (("without chaos", base), ("with chaos", chaos)):
+        if run:
+            rows.append([name, fmt(run["wall_s"]), run["delivered"], run["lost"],
+                         run["duplicated"], run["kills"], fmt(run["latency_p50_s"]),
+                         fmt(run["latency_p99_s"]), run["recovered_by_sweep"],
+                         sum(run["redeliveries_dropped"].values())])
+    tbl = table(["run", "wall s", "delivered", "lost", "duplicated", "worker kills",
+                 "p50 s", "p99 s", "re-sent by sweep", "duplicates dropped"], rows)
+    inv = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in data["invariants"].items())
+    bullets = [
+        f"- invariants: {inv}",
+        f"- kill overhead (wall with / without chaos): **{fmt(data['kill_overhead_ratio'])}**; "
+        f"submitter SIGKILLed at {fmt(chaos['submitter_killed_at_s'])} s and a new process "
+        f"re-attached; batch ended {fmt(chaos['tail_after_last_kill_s'])} s after the last "
+        f"kill (bound {fmt(chaos['stuck_bound_s'])} s)",
+        f"- commits audited: {chaos['commits_audited']}, turns applied twice: "
+        f"{chaos['turns_applied_twice']}; cacheable tool keys {chaos['cacheable_keys']}, "
+        f"re-runs forced by kills {chaos['cacheable_reruns']}",
+    ]
+    return "\n".join([head, "", tbl, "", *bullets])
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
-             "backends": render_backends}
+             "backends": render_backends, "distributed": render_distributed,
+             "chaos": render_chaos}
 
 
 def render_file(data: dict[str, Any]) -> str:

@@ -15,11 +15,10 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import RateLimited
 from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendCapabilities
+from .base import Backend, BackendWrapper
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +147,7 @@ class ResizableGate:
         self._wake()
 
 
-class AdaptiveBackend:
+class AdaptiveBackend(BackendWrapper):
     """A ``Backend`` whose concurrency follows an ``AIMDController``.
 
     Wrap it inside the retry layer -- ``RetryingBackend(AdaptiveBackend(inner))`` -- so every
@@ -157,22 +156,10 @@ class AdaptiveBackend:
     """
 
     def __init__(self, inner: Backend, controller: AIMDController | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.controller = controller or AIMDController()
         self.gate = ResizableGate(self.controller.limit)
         self.controller.add_listener(self.gate.set_capacity)
-
-    @property
-    def inner(self) -> Backend:
-        return self._inner
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._inner.capabilities
 
     @property
     def limit(self) -> int:
@@ -190,14 +177,6 @@ class AdaptiveBackend:
             self.gate.release()
         self.controller.on_success()
         return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
     def __repr__(self) -> str:
         return f"AdaptiveBackend({self._inner!r}, limit={self.controller.limit})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..model_io import ModelRequest, ModelResponse
 
@@ -39,3 +39,36 @@ class Backend(Protocol):
     async def complete(self, request: ModelRequest) -> ModelResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+class BackendWrapper:
+    """Base of the layers that wrap a backend (retries, AIMD, micro-batching).
+
+    Everything a layer does not override is the inner backend's: its name, capabilities,
+    ``warm``, ``fetch_load``, counters.
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self._inner = inner
+
+    @property
+    def inner(self) -> Backend:
+        return self._inner
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._inner.capabilities
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found normally; ``_inner`` itself missing (e.g.
+        # while unpickling) must not recurse.
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)

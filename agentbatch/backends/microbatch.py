@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import BackendError, BackendTimeout, ServerError
 from ..model_io import Message, ModelRequest, ModelResponse, canonical_json
-from .base import Backend, BackendCapabilities
+from .base import Backend, BackendWrapper
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class _Group:
     timer: asyncio.TimerHandle | None = None
 
 
-class MicroBatchingBackend:
+class MicroBatchingBackend(BackendWrapper):
     """A ``Backend`` that turns concurrent tool-free ``complete`` calls into ``complete_batch``.
 
     ``enabled=None`` (default) batches only when the inner backend has ``complete_batch`` and
@@ -125,7 +125,7 @@ class MicroBatchingBackend:
             raise ValueError("max_batch must be >= 1")
         if window_s < 0:
             raise ValueError("window_s must be >= 0")
-        self._inner = inner
+        super().__init__(inner)
         self.window_s = window_s
         self.max_batch = max_batch
         self.render = render
@@ -141,18 +141,6 @@ class MicroBatchingBackend:
         self.batched_prompts = 0  # prompts sent inside those calls
         self.solo = 0  # windows that closed with one request: sent as a chat call
         self.direct = 0  # requests that could not be batched (tools, images ...)
-
-    @property
-    def inner(self) -> Backend:
-        return self._inner
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._inner.capabilities
 
     @property
     def requests_sent(self) -> int:
@@ -198,11 +186,6 @@ class MicroBatchingBackend:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         await self._inner.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
     def __repr__(self) -> str:
         return f"MicroBatchingBackend({self._inner!r}, max_batch={self.max_batch})"

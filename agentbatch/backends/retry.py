@@ -14,14 +14,13 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_base
 
 from ..errors import BackendError
 from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendCapabilities
+from .base import Backend, BackendWrapper
 
 SleepFn = Callable[[float], Awaitable[None]]
 
@@ -78,7 +77,7 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, BackendError) and exc.retryable
 
 
-class RetryingBackend:
+class RetryingBackend(BackendWrapper):
     """A ``Backend`` that retries the wrapped backend's ``complete`` per a ``RetryPolicy``.
 
     ``retries`` counts retries performed (not first attempts), ``retries_by_kind`` splits them
@@ -94,7 +93,7 @@ class RetryingBackend:
         sleep: SleepFn | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.policy = policy or RetryPolicy()
         self._sleep: SleepFn = sleep or asyncio.sleep
         self._wait = _PolicyWait(self.policy, rng)
@@ -103,18 +102,6 @@ class RetryingBackend:
         # Called with each error that is about to be retried (e.g. a fleet-wide AIMD hears
         # every 429 here, including the ones a retry later absorbs).
         self.listeners: list[Callable[[BaseException], None]] = []
-
-    @property
-    def inner(self) -> Backend:
-        return self._inner
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._inner.capabilities
 
     def _count_retry(self, retry_state: RetryCallState) -> None:
         self.retries += 1
@@ -141,16 +128,6 @@ class RetryingBackend:
             with attempt:
                 return await self._inner.complete(request)
         raise AssertionError("unreachable: tenacity either returns or re-raises")
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for attributes not found normally; guard against recursion while
-        # ``_inner`` itself is not yet set (e.g. during unpickling).
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
     def __repr__(self) -> str:
         return f"RetryingBackend({self._inner!r}, {self.policy!r})"
