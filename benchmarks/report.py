@@ -212,9 +212,20 @@ def render_chaos(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", *bullets])
 
 
+def render_memory(data: dict[str, Any]) -> str:
+    rows = [[r["batch"], r["ok"], fmt(r["wall_s"]), " ".join(fmt(x, 0) for x in r["rss_mib_after"])]
+            for r in data["batches"]]
+    tbl = table(["batch", "ok", "wall s", "worker RSS after (MiB)"], rows)
+    return "\n".join([
+        f"### Memory over {len(rows)} consecutive {data['agents_per_batch']}-agent batches "
+        "(same 6 worker processes)", "", tbl, "",
+        f"- RSS growth from the first to the last batch, per worker (MiB): "
+        f"{data['rss_growth_mib_first_to_last_batch']} (max **{fmt(data['max_growth_mib'])}**)"])
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
-             "chaos": render_chaos}
+             "chaos": render_chaos, "memory_soak": render_memory}
 
 
 def render_file(data: dict[str, Any]) -> str:

@@ -106,6 +106,10 @@ def _check_schema(schema: Any) -> None:
 
 
 def _check_limits(opts: BatchOptions) -> None:
+    if opts.checkpoint_dir is not None:
+        raise BatchSpecError("checkpoint_dir is not supported yet (checkpoint/resume of the "
+                             "embedded engine is planned); use the distributed engine "
+                             "(redis_url=...) for batches that must survive a crash")
     if not isinstance(opts.max_turns, int) or opts.max_turns < 1:
         raise BatchSpecError(f"max_turns must be an integer >= 1, got {opts.max_turns!r}")
     if not isinstance(opts.max_retries, int) or opts.max_retries < 0:

@@ -17,7 +17,7 @@ from .backpressure import BackpressureGate
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
 from .runtime import BatchRuntime
-from .turn_io import call_model, run_tools
+from .turn_io import EarlyTools, call_model, run_tools
 from .turns import Abandoned, CallModel, Cancelled, Event, next_action, step
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class EmbeddedEngine:
         self.sink = sink
         self.slots = PrioritySlots(max_inflight)
         self.gate = gate
+        self.early_started = 0  # tool calls started while their turn was still streaming
         self._tasks: list[asyncio.Task[None]] = []
         self._cancel_reason: str | None = None
         self._started = time.monotonic()
@@ -55,20 +56,25 @@ class EmbeddedEngine:
         for task in self._tasks:
             task.cancel()
 
-    async def _perform(self, state: AgentState, action: object) -> Event:
+    async def _perform(self, state: AgentState, action: object, early: EarlyTools) -> Event:
         if isinstance(action, CallModel):
             if self.gate is not None:
                 await self.gate.wait_ready()
             async with self.slots.slot(action.turns_left):
-                return await call_model(self.rt, state, action)
-        return await run_tools(self.rt, state, action)  # type: ignore[arg-type]
+                return await call_model(self.rt, state, action, early)
+        return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]
 
     async def _drive(self, state: AgentState) -> None:
         policy = self.rt.policy
         try:
+            early = EarlyTools(self.rt, state)
             while (action := next_action(policy, state)) is not None:
-                state = step(policy, state, await self._perform(state, action))
+                if isinstance(action, CallModel):  # streamed tool calls start at once
+                    early = EarlyTools(self.rt, state)
+                state = step(policy, state, await self._perform(state, action, early))
                 self.states[state.index] = state
+                if isinstance(action, CallModel):
+                    self.early_started += len(early.tasks)
         except asyncio.CancelledError:
             if not state.terminal:
                 state = step(policy, state, Cancelled(self._cancel_reason or "cancelled"))

@@ -5,9 +5,12 @@ Both engines call these two functions; neither decides anything about the agent 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from ..backends.sse import tool_call_listener
 from ..errors import BackendError
+from ..model_io import ToolCall, ToolOutcome
 from ..toolpool import ToolContext
 from .agent_state import AgentState
 from .render import build_request
@@ -17,10 +20,12 @@ from .turns import CallModel, Event, ModelFailed, ModelReplied, RunTools, ToolsF
 log = logging.getLogger(__name__)
 
 
-async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel) -> Event:
+async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
+                     early: EarlyTools | None = None) -> Event:
     request = build_request(rt.plan, state, action)
     try:
-        response = await rt.backend.complete(request)
+        with tool_call_listener(early):
+            response = await rt.backend.complete(request)
     except BackendError as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
     except Exception as exc:  # a bug in a backend must end one agent, not the batch
@@ -30,16 +35,46 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel) -> 
     return ModelReplied(response)
 
 
-def tool_context(rt: BatchRuntime, state: AgentState, call_id: str) -> ToolContext:
-    key = f"{rt.plan.batch_id}:{state.index}:{state.steps}:{call_id}"
+def tool_context(rt: BatchRuntime, state: AgentState, call_id: str,
+                 turn: int | None = None) -> ToolContext:
+    turn = state.steps if turn is None else turn
+    key = f"{rt.plan.batch_id}:{state.index}:{turn}:{call_id}"
     return ToolContext(idempotency_key=key, batch_id=rt.plan.batch_id, agent_index=state.index,
-                       turn=state.steps, call_id=call_id)
+                       turn=turn, call_id=call_id)
 
 
-async def run_tools(rt: BatchRuntime, state: AgentState, action: RunTools) -> Event:
-    outcomes = await rt.tools.run_many(
-        action.calls,
-        lambda call: tool_context(rt, state, call.id),
-        timeout=rt.plan.timeout_per_tool,
-    )
-    return ToolsFinished(outcomes)
+class EarlyTools:
+    """Tool calls a streaming backend announced before its turn ended, already running.
+
+    Only ``cacheable`` tools start early: they are declared safe to run more than once, so a
+    turn that fails after announcing a call leaves no side effect behind. The others wait
+    for the state machine's ``RunTools`` as usual.
+    """
+
+    def __init__(self, rt: BatchRuntime, state: AgentState) -> None:
+        self.rt = rt
+        self.state = state
+        self.tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
+
+    def __call__(self, call: ToolCall) -> None:
+        tool = self.rt.tools.get(call.name)
+        if tool is None or not tool.cacheable or call.arguments_error or call.id in self.tasks:
+            return
+        # The tool context is the one RunTools would give: the turn this reply completes.
+        ctx = tool_context(self.rt, self.state, call.id, turn=self.state.steps + 1)
+        self.tasks[call.id] = asyncio.ensure_future(
+            self.rt.tools.run(call, ctx, timeout=self.rt.plan.timeout_per_tool))
+
+
+async def run_tools(rt: BatchRuntime, state: AgentState, action: RunTools,
+                    early: EarlyTools | None = None) -> Event:
+    started = early.tasks if early is not None else {}
+
+    async def one(call: ToolCall) -> ToolOutcome:
+        task = started.pop(call.id, None)
+        if task is not None:
+            return await task
+        return await rt.tools.run(call, tool_context(rt, state, call.id),
+                                  timeout=rt.plan.timeout_per_tool)
+
+    return ToolsFinished(list(await asyncio.gather(*(one(c) for c in action.calls))))

@@ -84,3 +84,32 @@ def test_streaming_backend_reports_ttft(sim):
                         backend=_sim_url(sim.url) + "?stream=1")
     assert all(r.ok for r in results)
     time.sleep(0)
+
+
+CACHED_RUNS: list[str] = []
+
+
+@tool(cacheable=True)
+async def cached_pause(key: str) -> str:
+    """A cacheable (idempotent) lookup, safe to start before its turn ends.
+
+    Args:
+        key: anything.
+    """
+    import asyncio
+
+    CACHED_RUNS.append(key)
+    await asyncio.sleep(0.05)
+    return f"v-{key}"
+
+
+def test_streamed_tool_calls_start_before_the_turn_ends():
+    task = 'Agent {i}.\n@sim tools cached_pause {{"key": "a{i}"}} ; cached_pause {{"key": "b{i}"}}'
+    with SimServer(SimConfig(max_running=8, decode_ms=5)) as sim:
+        handle = submit_batch(task, [{"i": i} for i in range(6)], tools=[cached_pause],
+                              model="m", backend=_sim_url(sim.url) + "?stream=1", max_turns=3)
+        results = handle.wait(timeout=60)
+    assert all(r.ok and len(r.tool_calls) == 2 for r in results)
+    # the first call of each agent's parallel pair was announced while the second streamed
+    assert handle.engine.early_started >= 6
+    assert sorted(CACHED_RUNS) == sorted([f"a{i}" for i in range(6)] + [f"b{i}" for i in range(6)])
