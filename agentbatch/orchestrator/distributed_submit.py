@@ -9,6 +9,7 @@ runs whole.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from typing import Any
 
 import redis
 
-from ..errors import BatchSpecError, ConfigError
+from ..backends.setup import open_backend, warm_backend
+from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError
 from ..state.connection import mask_url, sync_client
 from ..state.keys import ACTIVE_BATCHES, BatchKeys
 from ..state.redis_store import initial_meta, now_ms
@@ -91,11 +93,35 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
         p.execute()
 
 
+async def _warm(plan: BatchPlan) -> None:
+    backend = open_backend(plan.backends, timeout=min(plan.timeout_per_turn or 30.0, 30.0))
+    try:
+        await warm_backend(backend, plan)
+    finally:
+        await backend.aclose()
+
+
+def warm_from_submitter(plan: BatchPlan) -> None:
+    """Fill the prefix cache and prove the backend answers, before anything is enqueued."""
+    try:
+        asyncio.run(_warm(plan))
+    except BackendError as exc:
+        raise BackendUnavailable(
+            f"{exc} (nothing was enqueued; if only the workers can reach the inference "
+            "servers, submit with warm_prefix=False)") from exc
+
+
 def submit_distributed(compiled: CompiledBatch, opts: BatchOptions) -> DistributedHandle:
     url = opts.redis_url or ""
     check_portable(compiled)
     plan = compiled.plan
     client = _connect(url)
+    if plan.warm_prefix and plan.total > 1:
+        try:
+            warm_from_submitter(plan)
+        except BaseException:
+            client.close()
+            raise
     try:
         write_batch(client, plan, compiled, WorkerSettings.from_env(url).queue_grace_ms)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
