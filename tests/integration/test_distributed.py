@@ -175,7 +175,7 @@ def test_unportable_batches_are_refused_at_submit(redis_url, sim_url):
 def test_unreachable_backend_is_refused_at_warm_up_before_anything_is_written(redis_url):
     from agentbatch.errors import BackendUnavailable
 
-    with pytest.raises(BackendUnavailable, match="warm-up.*nothing was enqueued"):
+    with pytest.raises(BackendUnavailable, match=r"warm-up.*nothing was enqueued"):
         submit_batch("x {i}", [{"i": 1}, {"i": 2}], model="m", backend="vllm://127.0.0.1:9",
                      redis_url=redis_url, timeout_per_turn=2)
     assert redis.from_url(redis_url).keys("ab:*") == []
