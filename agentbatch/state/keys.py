@@ -24,6 +24,7 @@ class BatchKeys:
         self.watch = f"{base}:watch"  # zset: index -> progress deadline (ms)
         self.results = f"{base}:results"  # stream: one entry per finished agent
         self.audit = f"{base}:audit"  # stream: (index, version) per commit, when auditing
+        self.resends = f"{base}:resends"  # hash: index -> times the sweep re-sent its task
         self._base = base
 
     def lease(self, index: int) -> str:
@@ -32,8 +33,6 @@ class BatchKeys:
     def tool_results(self, index: int, version: int) -> str:
         return f"{self._base}:tr:{index}:{version}"
 
-    def all_static(self) -> list[str]:
-        return [self.plan, self.meta, self.state, self.ver, self.watch, self.results, self.audit]
 
 
 def tool_lock(key_hash: str) -> str:

@@ -58,7 +58,11 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, limit: int) -> list[Fo
                 continue
             skip = list(outcomes)
         followups += followups_for(batch_id, loaded.policy, state, skip_calls=skip)
-        await store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
+        # Back off per agent: if nothing consumes the queue (all workers of that kind down),
+        # re-sending every grace period would only pile duplicates onto it.
+        resends = await ctx.redis.hincrby(store.k.resends, str(index), 1)
+        backoff = ctx.settings.queue_grace_ms * 2 ** min(resends - 1, 5)
+        await store.push_deadline(index, now_ms() + backoff)
         await ctx.note(batch_id, "recovered")
     if followups:
         log.warning("sweep re-sent %d task(s) for batch %s", len(followups), batch_id)

@@ -325,8 +325,9 @@ def test_compose_workers_use_existing_queues_and_every_service_has_a_healthcheck
 def test_compose_flower_and_env_example():
     flower = compose()["services"]["flower"]
     command = " ".join(flower["command"])
-    assert "celery -A agentbatch.workers --broker=" in command
-    assert "flower --port=5555" in command
+    assert "celery -A agentbatch.workers flower --port=5555" in command
+    assert "--broker" not in command  # the Redis password must not be in the argv
+    assert flower["environment"]["AGENTBATCH_REDIS_URL"].startswith("redis://")
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH")
     assert "args" in flower["environment"]["FLOWER_TASKS_COLUMNS"].split(",")
     # every variable the compose file requires (${X:?...}) is in .env.example
