@@ -32,7 +32,9 @@ def submit(args: argparse.Namespace) -> None:
                           redis_url=args.redis_url, max_turns=5, max_retries=4,
                           timeout_per_turn=args.timeout_per_turn)
     out = Path(args.out)
-    out.with_suffix(".id").write_text(handle.batch_id)
+    tmp = out.with_suffix(".id.tmp")
+    tmp.write_text(handle.batch_id)
+    tmp.rename(out.with_suffix(".id"))  # atomic: the harness never reads a half-written id
     with out.open("w") as f:
         for result in handle.results():
             f.write(f"{result.index}\n")

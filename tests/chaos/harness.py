@@ -153,7 +153,7 @@ def run_once(cfg: ChaosConfig, redis_url: str, backend: str, chaos: bool,
         _client("submit", "--redis-url", redis_url, "--backend", backend, "--agents",
                 str(cfg.agents), "--out", str(submit_log)), env=env, cwd=REPO)
     id_file = submit_log.with_suffix(".id")
-    while not id_file.exists():
+    while not (id_file.exists() and id_file.read_text().strip()):
         if submitter.poll() is not None:
             raise RuntimeError("the submitting process exited before submitting")
         time.sleep(0.05)
