@@ -79,7 +79,3 @@ class ToolError(AgentBatchError):
 
 class BatchLost(AgentBatchError):
     """The batch's state is gone (e.g. Redis restarted without persistence)."""
-
-
-class BatchCancelled(AgentBatchError):
-    """The batch was cancelled."""

@@ -174,11 +174,12 @@ def render_distributed(data: dict[str, Any]) -> str:
         f"**{fmt(ours['cpu_ms_per_task_all_processes'])} ms** (workers {fmt(cpu['workers'])} s, "
         f"redis {fmt(cpu['redis'])} s, submitter {fmt(cpu['submitter'])} s); submit of "
         f"{ours['agents']} agents took {fmt(ours['submit_s'])} s",
-        f"- Redis client round trips per task: **{fmt(rt['client_commands_per_task'])}** "
-        f"(Celery's own included; plus {fmt(rt['lua_internal_per_task'])} commands run inside "
-        f"our Lua scripts); all commands incl. Lua: "
-        f"{fmt(ours['redis_commands_per_task_incl_lua'])} per task",
-        "- client round trips by command: " + ", ".join(
+        f"- Redis commands sent by clients per task (MONITOR on a 50-agent batch; Celery's "
+        f"own included, each command of a pipeline counted): "
+        f"**{fmt(rt['client_commands_per_task'])}**, plus "
+        f"{fmt(rt['lua_internal_per_task'])} run inside our Lua scripts; INFO commandstats, "
+        f"Lua included: {fmt(ours['redis_commands_per_task_incl_lua'])} per task",
+        "- client commands by name (50-agent batch): " + ", ".join(
             f"{k} {v}" for k, v in list(rt["client_commands_by_name"].items())[:8]),
     ]
     return "\n".join([head, "", tbl, "", *bullets, "", _machine_line(data)])

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from ..results import AgentResult
-from .agent_state import AgentState, AgentStatus
+from .agent_state import AgentState
 from .backpressure import BackpressureGate
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
@@ -85,10 +85,3 @@ class EmbeddedEngine:
         self.states[state.index] = state
         latency = time.monotonic() - self._started
         self.sink(materialize(result_from_state(state, latency), self.rt.contract))
-
-    @property
-    def unfinished(self) -> int:
-        return sum(1 for s in self.states.values() if s.status not in _ENDED)
-
-
-_ENDED = {AgentStatus.DONE, AgentStatus.FAILED, AgentStatus.CANCELLED}

@@ -81,7 +81,3 @@ class ResultBuffer:
                 continue
             cursor += 1
             yield item
-
-    def snapshot(self) -> list[AgentResult]:
-        with self._cond:
-            return list(self._items)

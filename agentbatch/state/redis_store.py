@@ -122,11 +122,6 @@ class BatchStore:
     async def push_deadline(self, index: int, deadline_ms: int) -> None:
         await self.r.zadd(self.k.watch, {str(index): deadline_ms}, xx=True)
 
-    async def cancelled(self) -> bool:
-        return await self.r.hget(self.k.meta, "cancelled") == "1"
-
-    async def exists(self) -> bool:
-        return bool(await self.r.exists(self.k.plan))
 
 
 def initial_meta(plan: BatchPlan) -> dict[str, Any]:

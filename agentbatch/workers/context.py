@@ -150,11 +150,6 @@ class WorkerContext:
         except Exception:  # statistics must never break a turn
             log.debug("could not record stat %s", what, exc_info=True)
 
-    async def aclose(self) -> None:
-        for backend in self._backends.values():
-            await backend.aclose()
-        await self.redis.aclose()
-
 
 _context: WorkerContext | None = None
 _context_pid: int | None = None
