@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 
@@ -11,6 +12,10 @@ from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerProcess
+
+# boto3's credential chain would otherwise probe the EC2 metadata address (169.254.169.254);
+# tests send traffic to loopback only.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 needs_redis = pytest.mark.skipif(
     shutil.which("redis-server") is None,

@@ -134,6 +134,17 @@ class BedrockBackend:
         self._client = client
         self._client_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        if client is None:
+            self._check_credentials()
+
+    def _check_credentials(self) -> None:
+        """Fail before any agent is dispatched, not once per agent, when boto3's chain
+        (environment, profile, SSO, container or instance role) finds no credentials."""
+        session = self._boto3.session.Session(region_name=self.region)
+        if session.get_credentials() is None:
+            raise ConfigError(
+                f"{self.name}: no AWS credentials found: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or run with an instance/task role")
 
     def __repr__(self) -> str:
         return f"BedrockBackend({self.name!r})"

@@ -357,3 +357,15 @@ def test_urls_and_registry() -> None:
 async def test_missing_model_is_a_bad_request(backend: BedrockBackend) -> None:
     with pytest.raises(BadRequest, match="no model"):
         await backend.complete(ModelRequest(model="", messages=[{"role": "user", "content": "x"}]))
+
+
+def test_missing_aws_credentials_fail_before_any_agent_is_dispatched(monkeypatch):
+    from agentbatch import run_batch
+    from agentbatch.errors import ConfigError
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(ConfigError, match="no AWS credentials found"):
+        run_batch("x {i}", [{"i": 1}, {"i": 2}], model="m",
+                  backend="bedrock://us-east-1/anthropic.claude-3-5-sonnet-20241022-v2:0")
