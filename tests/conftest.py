@@ -16,6 +16,10 @@ from tests.support.workers import WorkerProcess
 # boto3's credential chain would otherwise probe the EC2 metadata address (169.254.169.254);
 # tests send traffic to loopback only.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+# Fake AWS credentials so Bedrock backends can be built offline (Stubber tests); a test of
+# the missing-credentials error removes them itself.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 
 needs_redis = pytest.mark.skipif(
     shutil.which("redis-server") is None,

@@ -83,7 +83,8 @@ def test_backend_faults_end_each_agent_ok_or_with_a_reason(fleet):
 def test_tools_that_always_raise_and_endless_tool_loops_fail_only_those_agents(fleet):
     server, workers = fleet
     workers(1, concurrency=16)
-    loop_lines = "\n".join(f'@sim tool lookup {{{{"key": "loop{j}"}}}}' for j in range(6))
+    # an input value is not a template: single braces
+    loop_lines = "\n".join(f'@sim tool lookup {{"key": "loop{j}"}}' for j in range(6))
     inputs = [{"i": i, "extra": ""} for i in range(20)]
     inputs[3]["extra"] = loop_lines  # never stops calling tools
     inputs[5]["extra"] = "@sim answer this is never JSON"  # never validates
