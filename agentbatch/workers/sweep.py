@@ -58,12 +58,22 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, limit: int) -> list[Fo
                 continue
             skip = list(outcomes)
         followups += followups_for(batch_id, loaded.policy, state, skip_calls=skip)
-        # Back off per agent: if nothing consumes the queue (all workers of that kind down),
-        # re-sending every grace period would only pile duplicates onto it.
-        resends = await ctx.redis.hincrby(store.k.resends, str(index), 1)
+        # Back off per agent while it makes no progress: if nothing consumes the queue (all
+        # workers of that kind down), re-sending every grace period would only pile
+        # duplicates onto it. Progress (a new version) starts the count again.
+        resends = await _count_resend(ctx, store.k.resends, index, state.version)
         backoff = ctx.settings.queue_grace_ms * 2 ** min(resends - 1, 5)
         await store.push_deadline(index, now_ms() + backoff)
         await ctx.note(batch_id, "recovered")
     if followups:
         log.warning("sweep re-sent %d task(s) for batch %s", len(followups), batch_id)
     return followups
+
+
+async def _count_resend(ctx: WorkerContext, key: str, index: int, version: int) -> int:
+    """Re-sends of this agent at this version, this one included."""
+    previous = await ctx.redis.hget(key, str(index))
+    seen_version, _, count = (previous or "").partition(":")
+    resends = int(count) + 1 if seen_version == str(version) and count else 1
+    await ctx.redis.hset(key, str(index), f"{version}:{resends}")
+    return resends

@@ -123,11 +123,14 @@ def test_redis_restart_without_persistence_fails_the_batch_clearly(fleet):
 
 def test_redis_restart_with_append_only_persistence_loses_nothing(tmp_path):
     server = RedisServer(appendonly=True, data_dir=tmp_path).start()
-    server_conf = redis.from_url(server.url)
-    server_conf.config_set("appendfsync", "always")
-    proc = WorkerProcess(server.url, concurrency=8, env={**FAST, "TEST_TOOL_SLEEP_S": "0.5"})
+    redis.from_url(server.url).config_set("appendfsync", "always")
+    # two workers: one crashing in kombu on reconnect must not stall the batch
+    procs = [WorkerProcess(server.url, concurrency=8, name=f"aof{i}",
+                           env={**FAST, "TEST_TOOL_SLEEP_S": "0.5"}) for i in range(2)]
+    restarted = None
     try:
-        proc.start()
+        for p in procs:
+            p.start()
         with SimServer(SimConfig(fixed_ms=5)) as sim:
             handle = submit_batch(TASK, _inputs(60), tools=[lookup, cached_lookup],
                                   output_schema=Answer, model="m",
@@ -142,9 +145,14 @@ def test_redis_restart_with_append_only_persistence_loses_nothing(tmp_path):
         stream = redis.from_url(server.url, decode_responses=True).xrange(
             f"ab:{{{handle.batch_id}}}:results")
         assert len(stream) == 60
+    except BaseException:
+        for p in procs:
+            print(f"--- worker {p.name} log tail ---\n{p.log()[-3000:]}")
+        raise
     finally:
-        proc.stop(timeout=15)
-        restarted.cleanup() if "restarted" in locals() else server.cleanup()
+        for p in procs:
+            p.stop(timeout=15)
+        (restarted or server).cleanup()
 
 
 def test_sigterm_hands_back_running_work_and_loses_nothing(fleet):

@@ -179,3 +179,17 @@ def test_unreachable_backend_is_refused_at_warm_up_before_anything_is_written(re
         submit_batch("x {i}", [{"i": 1}, {"i": 2}], model="m", backend="vllm://127.0.0.1:9",
                      redis_url=redis_url, timeout_per_turn=2)
     assert redis.from_url(redis_url).keys("ab:*") == []
+
+
+async def test_sweep_backoff_counts_only_resends_without_progress(redis_url):
+    from agentbatch.workers.context import WorkerContext
+    from agentbatch.workers.settings import WorkerSettings
+    from agentbatch.workers.sweep import _count_resend
+
+    ctx = WorkerContext(WorkerSettings.from_env(redis_url))
+    try:
+        assert [await _count_resend(ctx, "resends", 7, 3) for _ in range(3)] == [1, 2, 3]
+        assert await _count_resend(ctx, "resends", 7, 4) == 1  # progress resets the backoff
+        assert await _count_resend(ctx, "resends", 8, 4) == 1  # per agent
+    finally:
+        await ctx.redis.aclose()
