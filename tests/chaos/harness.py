@@ -42,6 +42,7 @@ class ChaosConfig:
     tool_workers: int = 2
     concurrency: int = 16
     min_kills: int = 10
+    kill_interval_s: float = 0.0  # 0: spread min_kills over the no-chaos run's wall time
     kill_submitter: bool = True
     fixed_ms: float = 20.0
     tool_sleep_s: float = 0.05
@@ -161,7 +162,8 @@ def run_once(cfg: ChaosConfig, redis_url: str, backend: str, chaos: bool,
     done = threading.Event()
 
     def killer() -> None:
-        interval = max((expected_wall or 30.0) / (cfg.min_kills + 3), 0.5)
+        interval = cfg.kill_interval_s or max((expected_wall or 30.0) / (cfg.min_kills + 3),
+                                              0.5)
         while not done.wait(rng.uniform(0.6 * interval, 1.2 * interval)):
             fleet.kill_random(rng)
             report.kill_times_s.append(round(time.monotonic() - started, 3))

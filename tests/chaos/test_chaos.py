@@ -28,7 +28,7 @@ FAST = {"AGENTBATCH_LEASE_TTL_S": "3", "AGENTBATCH_QUEUE_GRACE_S": "5",
 
 def test_scaled_down_chaos_run_keeps_every_invariant():
     report = run(ChaosConfig(agents=200, min_kills=3, compare_without_chaos=False,
-                             timeout_s=600))
+                             kill_interval_s=2.0, tool_sleep_s=0.2, timeout_s=600))
     chaos = report["with_chaos"]
     assert report["invariants"] == {k: True for k in report["invariants"]}, chaos
     assert chaos["lost"] == 0 and chaos["duplicated"] == 0
