@@ -177,6 +177,8 @@ class CannedServer:
                 return web.json_response({"error": "warming up"}, status=503)
             return web.json_response(CANNED["text"][2])
         status, headers, payload = CANNED.get(model, CANNED["text"])
+        if model == "rate-limited-date":  # an HTTP date must be in the future when served
+            headers = {"Retry-After": formatdate(time.time() + 120, usegmt=True)}
         if isinstance(payload, str):
             return web.Response(text=payload, status=status, headers=headers)
         return web.json_response(payload, status=status, headers=headers)
