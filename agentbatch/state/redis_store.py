@@ -93,13 +93,20 @@ class BatchStore:
             return None, bool(have), cancelled == "1"
         return AgentState.model_validate_json(raw), bool(have), cancelled == "1"
 
-    async def record_tool(self, index: int, version: int, outcome: ToolOutcome) -> int:
-        """How many outcomes are recorded for (agent, version); -1 if the agent moved on."""
+    async def record_tool(self, index: int, version: int, outcome: ToolOutcome,
+                          expected: int) -> dict[str, ToolOutcome] | int:
+        """Every outcome of the round once all ``expected`` are recorded; else how many are
+        (-1 if the agent moved on)."""
         k = self.k
-        return int(await self.s.record_tool(
+        reply = await self.s.record_tool(
             keys=[k.ver, k.tool_results(index, version)],
-            args=[index, version, outcome.call_id, outcome.model_dump_json(), TOOL_RESULTS_TTL_S],
-        ))
+            args=[index, version, outcome.call_id, outcome.model_dump_json(), TOOL_RESULTS_TTL_S,
+                  expected],
+        )
+        if isinstance(reply, list):
+            return {reply[i]: ToolOutcome.model_validate_json(reply[i + 1])
+                    for i in range(0, len(reply), 2)}
+        return int(reply)
 
     async def tool_outcomes(self, index: int, version: int) -> dict[str, ToolOutcome]:
         raw = await self.r.hgetall(self.k.tool_results(index, version))

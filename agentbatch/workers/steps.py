@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.finish import result_from_state
 from ..orchestrator.turn_io import call_model, tool_context
@@ -152,17 +153,23 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
         rt = loaded.runtime
         outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
                                      timeout=loaded.plan.timeout_per_tool)
-        await ctx.note(batch_id, "tool_calls")
-        if await store.record_tool(index, version, outcome) < 0:
+        ctx.stats["tool_calls"] += 1
+        recorded_now = await store.record_tool(index, version, outcome,
+                                               expected=len(state.pending_calls))
+        if recorded_now == -1:
             await ctx.note(batch_id, "dropped_stale")
             return []
+        if isinstance(recorded_now, int):
+            return []  # the round is incomplete; the task that completes it moves on
+        return await finish_tools(ctx, loaded, state, recorded_now)
     return await finish_tools(ctx, loaded, state)
 
 
-async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch,
-                       state: AgentState) -> list[Followup]:
+async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
+                       outcomes: dict[str, ToolOutcome] | None = None) -> list[Followup]:
     """If every call of this tool round has an outcome, move the agent on (once: CAS)."""
-    outcomes = await loaded.store.tool_outcomes(state.index, state.version)
+    if outcomes is None:
+        outcomes = await loaded.store.tool_outcomes(state.index, state.version)
     if any(c.id not in outcomes for c in state.pending_calls):
         return []
     new = step(loaded.policy, state, ToolsFinished(list(outcomes.values())))
