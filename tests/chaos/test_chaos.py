@@ -110,7 +110,7 @@ def test_redis_restart_without_persistence_fails_the_batch_clearly(fleet):
                               redis_url=server.url)
         time.sleep(1.5)
         server.kill()
-        RedisServer(port=server.port, data_dir=server.dir).start()
+        server.proc = RedisServer(port=server.port, data_dir=server.dir).start().proc
         started = time.monotonic()
         with pytest.raises(BatchLost, match="no longer in Redis"):
             handle.wait(timeout=120)
