@@ -45,7 +45,7 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure": True,  # a raising task is a bug; the sweep recovers its agent
         "worker_prefetch_multiplier": 1,
-        "worker_disable_prefetch": True,  # fetch only when a slot is free (Redis, 5.6+)
+        "worker_disable_prefetch": False,
         "task_queues": [Queue(INFERENCE_QUEUE), Queue(TOOLS_QUEUE)],
         "task_default_queue": INFERENCE_QUEUE,
         "task_routes": {

@@ -57,6 +57,11 @@ def _broker_client(url: str) -> redis.Redis:
     return sync_client(url)
 
 
+def broker_client(app: Celery) -> redis.Redis:
+    """A sync client to the broker Redis (shared per URL)."""
+    return _broker_client(app.conf.broker_url)
+
+
 def publish(app: Celery, followups: list[Followup]) -> None:
     """LPUSH the task messages in one pipeline (kombu's own format, see ``envelope``)."""
     if not followups:

@@ -21,6 +21,9 @@ class WorkerSettings:
     it (duplicates are harmless: versioned state drops them)."""
     sweep_interval_s: float = 2.0
     """How often some worker runs the recovery sweep (one at a time, fleet-wide)."""
+    consumer_stall_s: float = 60.0
+    """Exit (for the supervisor to restart) a worker whose consumer fetched nothing for this
+    long while its queues held messages and it had free slots; 0 disables the watchdog."""
     audit: bool = False
     """Append (agent, version) of every commit to a stream, for the chaos harness."""
 
@@ -32,6 +35,7 @@ class WorkerSettings:
             lease_ttl_s=_env_float("AGENTBATCH_LEASE_TTL_S", cls.lease_ttl_s),
             queue_grace_s=_env_float("AGENTBATCH_QUEUE_GRACE_S", cls.queue_grace_s),
             sweep_interval_s=_env_float("AGENTBATCH_SWEEP_INTERVAL_S", cls.sweep_interval_s),
+            consumer_stall_s=_env_float("AGENTBATCH_CONSUMER_STALL_S", cls.consumer_stall_s),
             audit=os.environ.get("AGENTBATCH_AUDIT", "") in ("1", "true", "yes"),
         )
 

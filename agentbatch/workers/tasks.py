@@ -15,9 +15,10 @@ from celery import signals
 from . import kombu_client_cache, loop
 from .app import SWEEP_TASK, TOOL_TASK, TURN_TASK, app
 from .context import worker_context
-from .dispatch import publish
+from .dispatch import broker_client, publish
 from .steps import run_tool, run_turn
 from .sweep import sweep_once
+from .watchdog import ConsumerWatchdog
 
 log = logging.getLogger(__name__)
 kombu_client_cache.install()
@@ -47,29 +48,59 @@ def sweep_task(self) -> int:
 
 
 class Sweeper(threading.Thread):
-    """Runs the sweep every ``sweep_interval_s`` in each worker; a Redis lock lets one act."""
+    """Runs the sweep every ``sweep_interval_s`` in each worker (a Redis lock lets one act),
+    and checks that this worker's consumer still consumes."""
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog: ConsumerWatchdog | None, slots: int) -> None:
         super().__init__(name="agentbatch-sweeper", daemon=True)
         self.stop = threading.Event()
+        self.watchdog = watchdog
+        self.slots = slots
 
     def run(self) -> None:
         interval = worker_context().settings.sweep_interval_s
         while not self.stop.wait(interval):
             try:
                 publish(app, loop.run(sweep_once(worker_context()), timeout=120))
+                if self.watchdog and self.watchdog.stalled(broker_client(app), self.slots):
+                    self.watchdog.restart_process()
+                    return
             except Exception:
                 log.warning("recovery sweep failed; will retry", exc_info=True)
 
 
 _sweeper: Sweeper | None = None
+_watchdog: ConsumerWatchdog | None = None
 
 
 @signals.worker_ready.connect
-def _start_sweeper(**_: object) -> None:
-    global _sweeper
-    _sweeper = Sweeper()
+def _start_sweeper(sender: object = None, **_: object) -> None:
+    global _sweeper, _watchdog
+    consumer = getattr(sender, "consumer", None) or sender
+    queues = [q.name for q in getattr(getattr(consumer, "task_consumer", None), "queues", [])]
+    slots = getattr(getattr(consumer, "pool", None), "limit", None) or 1
+    stall_s = worker_context().settings.consumer_stall_s
+    _watchdog = ConsumerWatchdog(queues, stall_s) if queues and stall_s > 0 else None
+    _sweeper = Sweeper(_watchdog, slots)
     _sweeper.start()
+
+
+@signals.task_received.connect
+def _on_received(**_: object) -> None:
+    if _watchdog is not None:
+        _watchdog.received()
+
+
+@signals.task_prerun.connect
+def _on_start(**_: object) -> None:
+    if _watchdog is not None:
+        _watchdog.started()
+
+
+@signals.task_postrun.connect
+def _on_finish(**_: object) -> None:
+    if _watchdog is not None:
+        _watchdog.finished()
 
 
 @signals.worker_shutting_down.connect

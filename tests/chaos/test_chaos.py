@@ -124,9 +124,11 @@ def test_redis_restart_without_persistence_fails_the_batch_clearly(fleet):
 def test_redis_restart_with_append_only_persistence_loses_nothing(tmp_path):
     server = RedisServer(appendonly=True, data_dir=tmp_path).start()
     redis.from_url(server.url).config_set("appendfsync", "always")
-    # two workers: one crashing in kombu on reconnect must not stall the batch
-    procs = [WorkerProcess(server.url, concurrency=8, name=f"aof{i}",
-                           env={**FAST, "TEST_TOOL_SLEEP_S": "0.5"}) for i in range(2)]
+    # Supervised like compose/k8s: after a broker reconnect Celery can stop consuming
+    # (celery#8030); the worker's watchdog then exits and the supervisor starts a fresh one.
+    env = {**FAST, "TEST_TOOL_SLEEP_S": "0.5", "AGENTBATCH_CONSUMER_STALL_S": "10"}
+    procs = [WorkerProcess(server.url, concurrency=8, name=f"aof{i}", env=env, supervise=True)
+             for i in range(2)]
     restarted = None
     try:
         for p in procs:
@@ -145,6 +147,7 @@ def test_redis_restart_with_append_only_persistence_loses_nothing(tmp_path):
         stream = redis.from_url(server.url, decode_responses=True).xrange(
             f"ab:{{{handle.batch_id}}}:results")
         assert len(stream) == 60
+        print("worker restarts by the supervisor:", [p.restarts for p in procs])
     except BaseException:
         for p in procs:
             print(f"--- worker {p.name} log tail ---\n{p.log()[-3000:]}")

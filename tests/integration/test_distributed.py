@@ -193,3 +193,21 @@ async def test_sweep_backoff_counts_only_resends_without_progress(redis_url):
         assert await _count_resend(ctx, "resends", 8, 4) == 1  # per agent
     finally:
         await ctx.redis.aclose()
+
+
+def test_consumer_watchdog_detects_a_stalled_consumer(redis_url):
+    from agentbatch.workers.envelope import queue_key
+    from agentbatch.workers.watchdog import ConsumerWatchdog
+
+    client = redis.from_url(redis_url)
+    dog = ConsumerWatchdog(["inference"], stall_s=5)
+    client.lpush(queue_key("inference", 9), "waiting message")
+    assert not dog.stalled(client, slots=4)  # received recently
+    dog.last_received -= 10
+    assert dog.stalled(client, slots=4)  # idle slots, messages waiting, nothing received
+    for _ in range(4):
+        dog.started()
+    assert not dog.stalled(client, slots=4)  # busy: not a stall
+    dog.finished()
+    client.delete(queue_key("inference", 9))
+    assert not dog.stalled(client, slots=4)  # nothing waiting

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     def __init__(self, redis_url: str, *, queues: str = "inference,tools", concurrency: int = 8,
                  name: str = "w", env: dict[str, str] | None = None,
-                 pool: str = "threads") -> None:
+                 pool: str = "threads", supervise: bool = False) -> None:
         self.redis_url = redis_url
         self.queues = queues
         self.concurrency = concurrency
@@ -33,6 +34,11 @@ class WorkerProcess:
         }
         self.log_path = Path(tempfile.mkstemp(prefix=f"agentbatch-{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
+        # like compose/k8s restart policies: a worker that exits is started again
+        self.supervise = supervise
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     def start(self, wait: bool = True) -> WorkerProcess:
         cmd = [sys.executable, "-m", "agentbatch.cli", "worker", "--queues", self.queues,
@@ -44,7 +50,16 @@ class WorkerProcess:
                                      cwd=REPO)
         if wait:
             self.wait_ready()
+        if self.supervise and self._supervisor is None:
+            self._supervisor = threading.Thread(target=self._watch, daemon=True)
+            self._supervisor.start()
         return self
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.5):
+            if self.proc is not None and self.proc.poll() is not None:
+                self.restarts += 1
+                self.start(wait=False)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -64,12 +79,14 @@ class WorkerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        self._stopping.set()
         if self.alive:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
 
     def stop(self, timeout: float = 30) -> None:
+        self._stopping.set()
         if self.alive:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
