@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -54,6 +54,16 @@ class AiohttpSession:
         detail = redact(f"{type(exc).__name__}: {exc}", self.secret)
         return BackendUnavailable(f"{self.who}: cannot reach {self.base_url}: {detail}")
 
+    @contextlib.contextmanager
+    def _mapped(self, timeout: float, waiting_for: str = "no answer") -> Iterator[None]:
+        """aiohttp's transport failures as our ``BackendError`` tree."""
+        try:
+            yield
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"{self.who}: {waiting_for} within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise self._unavailable(exc) from None
+
     async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
         if not 200 <= resp.status < 300:
             body = await resp.read()
@@ -66,16 +76,12 @@ class AiohttpSession:
         payload = encode_json(body, self.who)
         headers = {"Content-Type": "application/json", **headers}
         self.requests_sent += 1
-        try:
+        with self._mapped(timeout):
             async with self.session().post(self.base_url + path, data=payload, headers=headers,
                                            timeout=self._timeout(timeout)) as resp:
                 await self._raise_for_status(resp)
                 raw = await resp.read()
                 status = resp.status
-        except asyncio.TimeoutError:
-            raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
-        except aiohttp.ClientError as exc:
-            raise self._unavailable(exc) from None
         try:
             return json.loads(raw)
         except ValueError:
@@ -90,13 +96,9 @@ class AiohttpSession:
         payload = encode_json(body, self.who)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         self.requests_sent += 1
-        try:
+        with self._mapped(timeout):
             resp = await self.session().post(self.base_url + path, data=payload,
                                              headers=headers, timeout=self._timeout(timeout))
-        except asyncio.TimeoutError:
-            raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
-        except aiohttp.ClientError as exc:
-            raise self._unavailable(exc) from None
         try:
             await self._raise_for_status(resp)
             yield self._lines(resp, timeout)
@@ -104,13 +106,9 @@ class AiohttpSession:
             resp.release()
 
     async def _lines(self, resp: aiohttp.ClientResponse, timeout: float) -> AsyncIterator[str]:
-        try:
+        with self._mapped(timeout, "stream stalled"):
             async for raw in resp.content:
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        except asyncio.TimeoutError:
-            raise BackendTimeout(f"{self.who}: stream stalled within {timeout:g}s") from None
-        except aiohttp.ClientError as exc:
-            raise self._unavailable(exc) from None
 
     async def _get(self, path: str, timeout: float) -> tuple[int, str] | None:
         try:
