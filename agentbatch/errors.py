@@ -21,6 +21,10 @@ class BatchSpecError(AgentBatchError, ValueError):
         super().__init__(f"input {index}: {message}" if index is not None else message)
 
 
+class UnknownParameter(BatchSpecError, TypeError):
+    """A keyword the function does not take: a ``TypeError``, as Python raises for any call."""
+
+
 class BackendError(AgentBatchError):
     """A model call failed. ``retryable`` says whether the same request may succeed later."""
 
@@ -32,6 +36,8 @@ class BackendError(AgentBatchError):
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        # HTTP attempts the call made before giving up (set by ``RetryingBackend``).
+        self.attempts = 1
 
 
 class BackendUnavailable(BackendError):
@@ -69,6 +75,18 @@ class BadRequest(BackendError):
     retryable = False
 
 
+class ServerBusy(BackendError):
+    """No capacity before the turn's deadline: the server's queue or the fleet's slots stayed
+    full. Retryable: a later turn may find room."""
+
+    kind = "server_busy"
+    retryable = True
+
+
+class BatchCancelled(AgentBatchError):
+    """The batch was cancelled while a turn waited for capacity."""
+
+
 class ConfigError(AgentBatchError, ValueError):
     """Configuration is missing or wrong (an API key, an extra that is not installed)."""
 
@@ -79,3 +97,17 @@ class ToolError(AgentBatchError):
 
 class BatchLost(AgentBatchError):
     """The batch's state is gone (e.g. Redis restarted without persistence)."""
+
+
+class BatchExpired(AgentBatchError):
+    """The batch finished and its keys were removed on purpose: after its retention
+    (``AGENTBATCH_RETENTION_S``) or by ``handle.delete()`` / ``agentbatch rm``."""
+
+
+class RedisOutOfMemory(AgentBatchError):
+    """Redis refuses writes (``maxmemory`` reached with ``noeviction``): workers cannot commit
+    and the batch is stalled until memory is freed. ``status`` holds the batch's counts."""
+
+    def __init__(self, message: str, status: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.status = status or {}

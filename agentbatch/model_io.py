@@ -7,10 +7,11 @@ convert at their edge. Everything here is JSON-serializable so agent state can l
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Message = dict[str, Any]
 
@@ -37,6 +38,33 @@ class ToolCall(BaseModel):
             "type": "function",
             "function": {"name": self.name, "arguments": canonical_json(self.arguments)},
         }
+
+
+def _generated_id(index: int, call: ToolCall) -> str:
+    """A stable id for a call the server left unnamed: replays give identical messages."""
+    seed = f"{index}|{call.name}|{canonical_json(call.arguments)}".encode()
+    return "call_" + hashlib.sha256(seed).hexdigest()[:24]
+
+
+def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` with every id non-empty and unique within the reply.
+
+    Tool results are matched to calls by id, so two calls sharing one would both get one
+    result (or, distributed, one would never run and the fan-in would never complete). A
+    repeat becomes ``id-2``, ``id-3``... and an empty id a generated one. The id of call ``i``
+    depends only on calls ``0..i``, so a streamed call announced early keeps its id.
+    """
+    seen: set[str] = set()
+    out: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        base = call.id or _generated_id(index, call)
+        new_id, n = base, 1
+        while new_id in seen:
+            n += 1
+            new_id = f"{base}-{n}"
+        seen.add(new_id)
+        out.append(call if new_id == call.id else call.model_copy(update={"id": new_id}))
+    return out
 
 
 class Usage(BaseModel):
@@ -68,7 +96,10 @@ class ModelRequest(BaseModel):
     request_id: str = ""  # stable per (batch, agent, turn, attempt)
     agent_key: str = ""  # stable per agent: routing affinity / prefix locality
     turns_left: int = 1  # scheduling hint (e.g. Dynamo agent_hints)
+    # The deadline of the whole turn, every transport retry included.
     timeout_s: float | None = None
+    # HTTP attempts this turn may make (1 = no retry); None leaves it to the retry policy.
+    max_attempts: int | None = Field(default=None, ge=1)
 
 
 class ModelResponse(BaseModel):
@@ -79,6 +110,14 @@ class ModelResponse(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     ttft_s: float | None = None
+    # HTTP attempts this reply took (set by ``RetryingBackend``); charged to ``max_retries``.
+    attempts: int = 1
+
+    @model_validator(mode="after")
+    def _unique_call_ids(self) -> ModelResponse:
+        """Every backend's reply passes here, so no backend can hand out duplicate ids."""
+        self.tool_calls = unique_call_ids(self.tool_calls)
+        return self
 
     def to_message(self) -> Message:
         """The assistant message to append to the conversation."""

@@ -83,7 +83,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
         redis_before = cpu_seconds(server.proc.pid)
         me_before = time.process_time()
         started = time.perf_counter()
-        handle = submit_batch(TASK, inputs(agents), tools=[lookup, cached_lookup],
+        handle = submit_batch(TASK, inputs(agents, faults=False), tools=[lookup, cached_lookup],
                               output_schema=Answer, model="sim-model", backend=backend,
                               redis_url=server.url, max_turns=5)
         submitted = time.perf_counter() - started
@@ -159,7 +159,7 @@ def client_commands_per_task(server: RedisServer, backend: str, concurrency: int
     try:
         time.sleep(1.0)
         seen.clear()
-        results = submit_batch(TASK, inputs(50), tools=[lookup, cached_lookup],
+        results = submit_batch(TASK, inputs(50, faults=False), tools=[lookup, cached_lookup],
                                output_schema=Answer, model="sim-model", backend=backend,
                                redis_url=server.url, max_turns=5).wait(timeout=300)
         time.sleep(1.0)

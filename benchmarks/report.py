@@ -196,9 +196,11 @@ def render_chaos(data: dict[str, Any]) -> str:
             rows.append([name, fmt(run["wall_s"]), run["delivered"], run["lost"],
                          run["duplicated"], run["kills"], fmt(run["latency_p50_s"]),
                          fmt(run["latency_p99_s"]), run["recovered_by_sweep"],
-                         sum(run["redeliveries_dropped"].values())])
+                         sum(run["redeliveries_dropped"].values()), run.get("pauses", "-"),
+                         fmt(run.get("recovery_p50_s")), fmt(run.get("recovery_p99_s"))])
     tbl = table(["run", "wall s", "delivered", "lost", "duplicated", "worker kills",
-                 "p50 s", "p99 s", "re-sent by sweep", "duplicates dropped"], rows)
+                 "p50 s", "p99 s", "re-sent by sweep", "duplicates dropped", "pauses",
+                 "recovery p50 s", "recovery p99 s"], rows)
     inv = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in data["invariants"].items())
     bullets = [
         f"- invariants: {inv}",
@@ -210,7 +212,39 @@ def render_chaos(data: dict[str, Any]) -> str:
         f"{chaos['turns_applied_twice']}; cacheable tool keys {chaos['cacheable_keys']}, "
         f"re-runs forced by kills {chaos['cacheable_reruns']}",
     ]
+    if "noncacheable_calls" in chaos:
+        bullets.append(
+            f"- non-cacheable tool calls: {chaos['noncacheable_calls']} distinct, executed "
+            f"{chaos['noncacheable_executions']} times (at-least-once: "
+            f"{chaos['noncacheable_reruns']} re-runs after faults)")
+    if "poison_messages" in chaos:
+        bullets.append(
+            f"- liveness faults mixed in: {chaos['pauses']} SIGSTOP/SIGCONT pauses past the "
+            f"lease, {chaos['poison_messages']} poison messages, an unloadable batch of "
+            f"{chaos['unloadable_agents']} agents ({chaos['unloadable_ended_with_reason']} ended "
+            f"with a reason), {chaos['step_bug_agents']} agents whose validator raises "
+            f"({chaos['step_bugs_ended_internal']} ended `internal`), "
+            f"{chaos.get('dup_id_agents', 0)} replies with duplicate tool-call ids "
+            f"({chaos.get('dup_id_agents_ok', 0)} agents ended ok); recovery = time from the "
+            "latest fault to the re-sent agent's next commit")
+    if chaos.get("recovery_slowest_s"):
+        bullets.append("- slowest recoveries (s): " + ", ".join(
+            fmt(t) for t in chaos["recovery_slowest_s"]))
     return "\n".join([head, "", tbl, "", *bullets])
+
+
+def render_recovery(data: dict[str, Any]) -> str:
+    d = data.get("defaults") or {}
+    head = (f"### Recovery after a worker SIGKILL, default settings ({data['label']}): "
+            f"lease {fmt(d.get('lease_ttl_s'))} s, queue grace {fmt(d.get('queue_grace_s'))} s, "
+            f"sweep {fmt(d.get('sweep_interval_s'))} s")
+    rows = [[name, sc["recovered"], sc["agents"], fmt(sc["p50_s"]), fmt(sc["max_s"])]
+            for name, sc in data["scenarios"].items()]
+    tbl = table(["in flight at the kill", "recovered", "agents", "p50 s", "max s"], rows)
+    bound = data.get("bound_s")
+    note = (f"- bound stated by the code: 2 x lease TTL + sweep interval = {fmt(bound)} s"
+            if bound else "- this checkout states no bound")
+    return "\n".join([head, "", tbl, "", note, "", _machine_line(data)])
 
 
 def render_memory(data: dict[str, Any]) -> str:
@@ -226,7 +260,8 @@ def render_memory(data: dict[str, Any]) -> str:
 
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
-             "chaos": render_chaos, "memory_soak": render_memory}
+             "chaos": render_chaos, "memory_soak": render_memory,
+             "recovery_default": render_recovery}
 
 
 def render_file(data: dict[str, Any]) -> str:

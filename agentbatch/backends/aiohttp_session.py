@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 
-from ..errors import BackendTimeout, BackendUnavailable, ServerError
+from ..errors import BackendTimeout, BackendUnavailable
+from . import limits
 from .http_errors import error_for_status, redact
 from .http_session import CONNECT_TIMEOUT_S, KEEPALIVE_EXPIRY_S, encode_json
 
@@ -25,13 +25,15 @@ class AiohttpSession:
     """A lazily created ``aiohttp.ClientSession`` bound to the running loop, plus error mapping."""
 
     def __init__(self, base_url: str, *, who: str, headers: dict[str, str], timeout: float,
-                 max_connections: int, secret: str | None = None) -> None:
+                 max_connections: int, secret: str | None = None,
+                 max_response_bytes: int | None = None) -> None:
         self.base_url = base_url
         self.who = who
         self.headers = headers
         self.timeout = timeout
         self.max_connections = max_connections
         self.secret = secret
+        self.max_response_bytes = max_response_bytes or limits.max_response_bytes()
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests_sent = 0
@@ -66,9 +68,24 @@ class AiohttpSession:
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
         if not 200 <= resp.status < 300:
-            body = await resp.read()
+            body = await self._read(resp, limits.MAX_ERROR_BODY_BYTES, truncate=True)
             raise error_for_status(resp.status, resp.headers, body, who=self.who,
                                    secret=self.secret)
+
+    async def _read(self, resp: aiohttp.ClientResponse, limit: int,
+                    truncate: bool = False) -> bytes:
+        """The body, at most ``limit`` bytes: cut there (``truncate``) or ``ResponseTooLarge``
+        without reading on (a declared oversize length fails before reading at all)."""
+        if not truncate and (resp.content_length or 0) > limit:
+            raise limits.too_large(self.who, limit)
+        body = bytearray()
+        async for chunk in resp.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                if truncate:
+                    return bytes(body[:limit])
+                raise limits.too_large(self.who, limit)
+        return bytes(body)
 
     async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str],
                         timeout: float) -> Any:
@@ -78,16 +95,12 @@ class AiohttpSession:
         self.requests_sent += 1
         with self._mapped(timeout):
             async with self.session().post(self.base_url + path, data=payload, headers=headers,
-                                           timeout=self._timeout(timeout)) as resp:
+                                           timeout=self._timeout(timeout),
+                                           allow_redirects=False) as resp:
                 await self._raise_for_status(resp)
-                raw = await resp.read()
+                raw = await self._read(resp, self.max_response_bytes)
                 status = resp.status
-        try:
-            return json.loads(raw)
-        except ValueError:
-            snippet = redact(raw[:200].decode(errors="replace"), self.secret)
-            raise ServerError(f"{self.who}: HTTP {status} body is not JSON: {snippet!r}",
-                              status=status) from None
+        return limits.decode_json(raw, who=self.who, status=status, secret=self.secret)
 
     @contextlib.asynccontextmanager
     async def post_lines(self, path: str, body: dict[str, Any], headers: dict[str, str],
@@ -98,7 +111,8 @@ class AiohttpSession:
         self.requests_sent += 1
         with self._mapped(timeout):
             resp = await self.session().post(self.base_url + path, data=payload,
-                                             headers=headers, timeout=self._timeout(timeout))
+                                             headers=headers, timeout=self._timeout(timeout),
+                                             allow_redirects=False)
         try:
             await self._raise_for_status(resp)
             yield self._lines(resp, timeout)
@@ -106,9 +120,13 @@ class AiohttpSession:
             resp.release()
 
     async def _lines(self, resp: aiohttp.ClientResponse, timeout: float) -> AsyncIterator[str]:
+        splitter = limits.LineSplitter(who=self.who, max_total=self.max_response_bytes)
         with self._mapped(timeout, "stream stalled"):
-            async for raw in resp.content:
-                yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            async for chunk in resp.content.iter_any():
+                for line in splitter.feed(chunk):
+                    yield line
+            for line in splitter.flush():
+                yield line
 
     async def _get(self, path: str, timeout: float) -> tuple[int, str] | None:
         try:

@@ -78,7 +78,7 @@ def error_message(body: bytes | str) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly nested JSON
         return text.strip()
     if isinstance(data, dict):
         err = data.get("error", data)

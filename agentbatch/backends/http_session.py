@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
-from ..errors import BackendTimeout, BadRequest, ServerError
-from .http_errors import error_for_exception, error_for_status, redact
+from ..errors import BackendTimeout, BadRequest
+from . import limits
+from .http_errors import error_for_exception, error_for_status
 
 CONNECT_TIMEOUT_S = 10.0
 # Below uvicorn's 5 s keep-alive default, so we rarely reuse a socket the server just closed.
@@ -46,6 +47,7 @@ class HttpSession:
         max_connections: int,
         secret: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_response_bytes: int | None = None,
     ) -> None:
         self.base_url = base_url
         self.who = who
@@ -54,6 +56,7 @@ class HttpSession:
         self.max_connections = max_connections
         self.secret = secret
         self._transport = transport
+        self.max_response_bytes = max_response_bytes or limits.max_response_bytes()
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests_sent = 0
@@ -70,6 +73,7 @@ class HttpSession:
                 ),
                 timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_S)),
                 transport=self._transport,
+                follow_redirects=False,  # a 3xx must not carry the prompt to another origin
             )
             self._loop = loop
         return self._http
@@ -77,11 +81,28 @@ class HttpSession:
     def _per_op(self, timeout: float) -> httpx.Timeout:
         return httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
 
-    def _check(self, resp: httpx.Response) -> None:
+    async def _check(self, resp: httpx.Response) -> None:
+        """Raise the mapped error for a non-2xx streamed response (its body read capped)."""
         if not 200 <= resp.status_code < 300:
+            body = await self._read(resp, limits.MAX_ERROR_BODY_BYTES, truncate=True)
             raise error_for_status(
-                resp.status_code, resp.headers, resp.content, who=self.who, secret=self.secret
+                resp.status_code, resp.headers, body, who=self.who, secret=self.secret
             )
+
+    async def _read(self, resp: httpx.Response, limit: int, truncate: bool = False) -> bytes:
+        """A streamed body, at most ``limit`` (decoded) bytes: cut there (``truncate``) or
+        ``ResponseTooLarge`` without reading on."""
+        declared = resp.headers.get("content-length", "")
+        if not truncate and declared.isdigit() and int(declared) > limit:
+            raise limits.too_large(self.who, limit)
+        body = bytearray()
+        async for chunk in resp.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                if truncate:
+                    return bytes(body[:limit])
+                raise limits.too_large(self.who, limit)
+        return bytes(body)
 
     async def post_json(
         self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float
@@ -94,29 +115,26 @@ class HttpSession:
         headers = {"Content-Type": "application/json", **headers}
         client = self.client()
         self.requests_sent += 1
+        request = client.build_request(
+            "POST", self.base_url + path, content=payload, headers=headers,
+            timeout=self._per_op(timeout),
+        )
+
+        async def exchange() -> tuple[int, bytes]:
+            resp = await client.send(request, stream=True)
+            try:
+                await self._check(resp)
+                return resp.status_code, await self._read(resp, self.max_response_bytes)
+            finally:
+                await resp.aclose()
+
         try:
-            resp = await asyncio.wait_for(
-                client.post(
-                    self.base_url + path,
-                    content=payload,
-                    headers=headers,
-                    timeout=self._per_op(timeout),
-                ),
-                timeout,
-            )
+            status, raw = await asyncio.wait_for(exchange(), timeout)
         except asyncio.TimeoutError:
             raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
         except httpx.HTTPError as exc:
             raise error_for_exception(exc, who=self.who, secret=self.secret) from None
-        self._check(resp)
-        try:
-            return resp.json()
-        except ValueError:
-            snippet = redact(resp.text[:200], self.secret)
-            raise ServerError(
-                f"{self.who}: HTTP {resp.status_code} body is not JSON: {snippet!r}",
-                status=resp.status_code,
-            ) from None
+        return limits.decode_json(raw, who=self.who, status=status, secret=self.secret)
 
     @contextlib.asynccontextmanager
     async def post_lines(
@@ -144,17 +162,19 @@ class HttpSession:
             raise error_for_exception(exc, who=self.who, secret=self.secret) from None
         lines = self._lines(resp)
         try:
-            if not 200 <= resp.status_code < 300:
-                await resp.aread()
-                self._check(resp)
+            await self._check(resp)
             yield lines
         finally:
             await lines.aclose()  # the reader may stop at [DONE], before the body ends
             await resp.aclose()
 
     async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:
+        splitter = limits.LineSplitter(who=self.who, max_total=self.max_response_bytes)
         try:
-            async for line in resp.aiter_lines():
+            async for chunk in resp.aiter_bytes():
+                for line in splitter.feed(chunk):
+                    yield line
+            for line in splitter.flush():
                 yield line
         except httpx.HTTPError as exc:
             raise error_for_exception(exc, who=self.who, secret=self.secret) from None

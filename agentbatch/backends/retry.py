@@ -5,20 +5,32 @@ a second, so a blip should cost milliseconds, and thousands of agents failing to
 not retry in lock-step. A server's ``Retry-After`` is honoured as a lower bound (capped, so a
 misconfigured header cannot park a batch). Only errors marked ``retryable`` are retried; the
 last ``BackendError`` is re-raised unchanged so callers never see tenacity's types.
+
+A request bounds its own retries: ``max_attempts`` (the agent's remaining ``max_retries``
+plus one, so ``max_retries=0`` makes one HTTP attempt) and ``timeout_s``, one deadline for
+every attempt of the call together (each attempt gets what is left; no retry starts, and no
+backoff sleeps, past it). The attempts made are reported on the reply and on the error, so
+the agent's budget and its error message count them truthfully.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+)
 from tenacity.wait import wait_base
 
-from ..errors import BackendError
+from ..errors import BackendError, BackendTimeout
 from ..model_io import ModelRequest, ModelResponse
 from .base import Backend, BackendWrapper
 
@@ -61,16 +73,27 @@ class RetryPolicy:
 
 
 class _PolicyWait(wait_base):
-    """Adapts ``RetryPolicy.wait_for`` to tenacity's wait interface."""
+    """Adapts ``RetryPolicy.wait_for`` to tenacity's wait interface, never sleeping past
+    ``deadline`` (``time.monotonic()``)."""
 
-    def __init__(self, policy: RetryPolicy, rng: random.Random | None) -> None:
+    def __init__(self, policy: RetryPolicy, rng: random.Random | None,
+                 deadline: float | None = None) -> None:
         self.policy = policy
         self.rng = rng
+        self.deadline = deadline
 
     def __call__(self, retry_state: RetryCallState) -> float:
         outcome = retry_state.outcome
         error = outcome.exception() if outcome is not None and outcome.failed else None
-        return self.policy.wait_for(retry_state.attempt_number, error, self.rng)
+        wait = self.policy.wait_for(retry_state.attempt_number, error, self.rng)
+        if self.deadline is not None:
+            wait = min(wait, max(self.deadline - time.monotonic(), 0.0))
+        return wait
+
+
+def _past(deadline: float | None) -> Callable[[RetryCallState], bool]:
+    """A tenacity stop condition: the call's deadline has passed (no attempt would get time)."""
+    return lambda _state: deadline is not None and time.monotonic() >= deadline
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -96,7 +119,7 @@ class RetryingBackend(BackendWrapper):
         super().__init__(inner)
         self.policy = policy or RetryPolicy()
         self._sleep: SleepFn = sleep or asyncio.sleep
-        self._wait = _PolicyWait(self.policy, rng)
+        self._rng = rng
         self.retries = 0
         self.retries_by_kind: Counter[str] = Counter()
         # Called with each error that is about to be retried (e.g. a fleet-wide AIMD hears
@@ -113,21 +136,42 @@ class RetryingBackend(BackendWrapper):
                 listener(error)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """``inner.complete`` with retries; raises the last ``BackendError`` when out of tries."""
+        """``inner.complete`` with retries; raises the last ``BackendError`` when out of tries
+        (or out of the request's ``timeout_s``), with ``attempts`` set on it."""
+        attempts = request.max_attempts or self.policy.attempts
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         # A fresh AsyncRetrying per call: its iteration state is not safe to share
         # between concurrent coroutines.
         retrying = AsyncRetrying(
             sleep=self._sleep,
-            stop=stop_after_attempt(self.policy.attempts),
-            wait=self._wait,
+            stop=stop_after_attempt(attempts) | _past(deadline),
+            wait=_PolicyWait(self.policy, self._rng, deadline),
             retry=retry_if_exception(_is_retryable),
             before_sleep=self._count_retry,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                return await self._inner.complete(request)
+        tried = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    tried += 1
+                    response = await self._inner.complete(self._attempt(request, deadline))
+                    response.attempts = tried
+                    return response
+        except BackendError as exc:
+            exc.attempts = tried
+            raise
         raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    @staticmethod
+    def _attempt(request: ModelRequest, deadline: float | None) -> ModelRequest:
+        """The request for one attempt: the time left of the call's deadline as its timeout."""
+        if deadline is None:
+            return request
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BackendTimeout(f"the turn's {request.timeout_s:g}s deadline passed")
+        return request.model_copy(update={"timeout_s": left})
 
     def __repr__(self) -> str:
         return f"RetryingBackend({self._inner!r}, {self.policy!r})"

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ServerError
 from ..model_io import ModelResponse, ToolCall
+from .limits import ResponseTooLarge
 from .openai_parse import parse_tool_calls, parse_usage
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class SSEDecoder:
             json.loads(text)
         except ValueError:
             return False
+        except RecursionError:
+            return True  # complete enough: ``feed_data`` rejects it as a server error
         return True
 
     def feed(self, line: str) -> list[str]:
@@ -122,6 +125,10 @@ class StreamAssembler:
         except ValueError:
             raise ServerError(
                 f"{self.who}: stream chunk is not JSON: {data[:200]!r}", status=200
+            ) from None
+        except RecursionError:
+            raise ResponseTooLarge(
+                f"{self.who}: stream chunk nests JSON too deeply to decode", status=200
             ) from None
         return self.feed_chunk(chunk)
 

@@ -8,6 +8,11 @@ running ones could use), so callers wait and re-check every ``interval_s`` inste
 The load is fetched at most once per ``interval_s`` and shared: however many agents wait, one
 ``fetch_load()`` is in flight at a time. A backend without metrics (``fetch_load`` missing,
 returning None, or failing) never blocks: backpressure is advisory.
+
+A hold is bounded: by the turn's deadline (``turn_deadline``: ``timeout_per_turn`` from the
+turn's start), after which the turn fails with the retryable ``ServerBusy``, and by the
+batch's cancel flag. A server whose queue never drains (or ``max_waiting`` below zero) would
+otherwise hold every turn, the threads running them and a worker's shutdown forever.
 """
 
 from __future__ import annotations
@@ -19,11 +24,22 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..backends.base import ServerLoad
+from ..errors import BatchCancelled, ServerBusy
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+CancelCheck = Callable[[], Awaitable[bool]]
+
+# The bound on capacity waits of a turn whose model calls have no timeout (None).
+UNTIMED_TURN_WAIT_S = 120.0
+
+
+def turn_deadline(timeout_per_turn: float | None, clock: Clock = time.monotonic) -> float:
+    """When a turn starting now stops waiting for capacity (on ``clock``, the gate's clock)."""
+    budget = timeout_per_turn if timeout_per_turn is not None else UNTIMED_TURN_WAIT_S
+    return clock() + budget
 
 
 class BackpressureGate:
@@ -69,18 +85,35 @@ class BackpressureGate:
     def _blocked(self, load: ServerLoad | None) -> bool:
         return load is not None and load.waiting > self.max_waiting
 
-    async def wait_ready(self) -> None:
-        """Return once the last known load shows ``waiting <= max_waiting`` (or is unknown)."""
+    async def wait_ready(self, deadline: float | None = None,
+                         cancelled: CancelCheck | None = None) -> None:
+        """Return once the last known load shows ``waiting <= max_waiting`` (or is unknown).
+
+        While held: raise ``ServerBusy`` once ``deadline`` (on the gate's clock) has passed,
+        and ``BatchCancelled`` when ``cancelled()`` says so (asked once per interval held).
+        """
         self.checks += 1
         if self._fetch_load is None:
             return
         held = False
-        while self._blocked(await self.load()):
+        while self._blocked(load := await self.load()):
             if not held:
                 held = True
                 self.holds += 1
+            if cancelled is not None and await cancelled():
+                raise BatchCancelled("the batch was cancelled")
+            pause = self.interval_s
+            if deadline is not None:
+                left = deadline - self._clock()
+                if left <= 0:
+                    assert load is not None
+                    raise ServerBusy(
+                        f"the server's queue stayed above max_server_waiting="
+                        f"{self.max_waiting:g} ({load.waiting:g} waiting) until the turn's "
+                        f"deadline")
+                pause = min(pause, left)
             self.sleeps += 1
-            await self._sleep(self.interval_s)
+            await self._sleep(pause)
 
     async def load(self) -> ServerLoad | None:
         """The server load, refreshed when older than ``interval_s``; one fetch at a time."""

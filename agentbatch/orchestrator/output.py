@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -60,10 +60,45 @@ class OutputContract:
         return ParsedOutput(True, value=obj.model_dump(mode="json"))
 
     def instance(self, value: Any) -> Any:
-        """The user-facing output object for a stored JSON value."""
+        """The user-facing output object for a stored, already validated JSON value.
+
+        Validation ran once, where the reply was parsed; its result is what was stored. The
+        object is rebuilt here without running validators again (``construct``), so a
+        validator that transforms its input (renames or upper-cases a field) is not applied
+        twice. Fields keep their JSON form where it differs (a ``datetime`` stays a string).
+        """
         if self.schema is None or value is None:
             return value
-        return self.schema.model_validate(value)
+        return construct(self.schema, value)
+
+
+def construct(model: type[BaseModel], data: Any) -> Any:
+    """``model`` built from its validated dump, nested models included, with no validators."""
+    if not isinstance(data, dict):
+        return data
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias if info.alias and info.alias in data else name
+        if key in data:
+            values[name] = _construct_value(info.annotation, data[key])
+    return model.model_construct(**values)
+
+
+def _construct_value(annotation: Any, value: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return construct(annotation, value)
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (list, tuple, set, frozenset) and args and isinstance(value, list):
+        inner = args[0]
+        items = [_construct_value(inner, v) for v in value]
+        return items if origin is list else origin(items)
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return {k: _construct_value(args[1], v) for k, v in value.items()}
+    if args and origin not in (list, tuple, set, frozenset, dict):  # Optional / Union
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1 and isinstance(value, dict):
+            return construct(models[0], value)
+    return value
 
 
 def _short(message: str) -> str:

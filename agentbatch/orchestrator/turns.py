@@ -7,17 +7,23 @@ these actions and feed back events, so the agent loop exists exactly once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..model_io import ModelResponse, ToolCall, ToolOutcome
 from ..results import AgentError, ToolCallRecord
 from .agent_state import AgentState, AgentStatus
+from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
 from .output import ParsedOutput
 
 REPAIR_PROMPT = (
     "Your previous reply could not be used: {error}\n"
     "Reply again with only the corrected final answer."
+)
+TOO_MANY_CALLS = (
+    "too many tool calls in one reply; at most {cap} run per turn. This call was not run; "
+    "make it again in a later turn if you still need it."
 )
 
 
@@ -32,6 +38,8 @@ class TurnPolicy:
     max_turns: int
     max_retries: int
     parse_output: Callable[[str | None], ParsedOutput]
+    # Calls past this many in one reply are not run; each gets an error reply instead.
+    max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
 
 
 # --- events -------------------------------------------------------------------------------
@@ -40,6 +48,7 @@ class TurnPolicy:
 @dataclass(frozen=True)
 class ModelReplied:
     response: ModelResponse
+    attempts: int = 1  # HTTP attempts behind this reply; retries count against max_retries
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class ModelFailed:
     kind: str
     message: str
     retryable: bool
+    attempts: int = 1  # HTTP attempts this call made (transport retries included)
 
 
 @dataclass(frozen=True)
@@ -112,10 +122,12 @@ def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
             raise InvalidTransition(f"agent {state.index} is not waiting on the model")
         if isinstance(event, ModelFailed):
             return _model_failed(policy, state, event)
+        if event.attempts > 1:  # transport retries spent part of the agent's budget
+            state = state.model_copy(update={"retries": state.retries + event.attempts - 1})
         return _model_replied(policy, state, event.response)
     if state.status is not AgentStatus.AWAITING_TOOLS:
         raise InvalidTransition(f"agent {state.index} is not waiting on tools")
-    return _tools_finished(state, event)
+    return _tools_finished(policy, state, event)
 
 
 def _bump(state: AgentState, **changes: object) -> AgentState:
@@ -128,11 +140,14 @@ def _end(state: AgentState, status: AgentStatus, error: AgentError | None,
 
 
 def _model_failed(policy: TurnPolicy, state: AgentState, event: ModelFailed) -> AgentState:
-    if event.retryable and state.retries < policy.max_retries:
-        return _bump(state, retries=state.retries + 1)
-    attempts = state.retries + 1 if event.retryable else 1
+    # Transport retries inside this call spent the same budget as a new turn would.
+    retries = state.retries + event.attempts - 1
+    if event.retryable and retries < policy.max_retries:
+        return _bump(state, retries=retries + 1)
+    attempts = retries + 1 if event.retryable else event.attempts
     message = f"{event.message} (after {attempts} attempt{'s' if attempts != 1 else ''})"
-    return _end(state, AgentStatus.FAILED, AgentError(kind=event.kind, message=message))
+    return _end(state, AgentStatus.FAILED, AgentError(kind=event.kind, message=message),
+                retries=retries)
 
 
 def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -> AgentState:
@@ -151,7 +166,9 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
                 message=f"the model still called tools after max_turns={policy.max_turns} turns",
             )
             return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
-        return _bump(state, status=AgentStatus.AWAITING_TOOLS, pending_calls=resp.tool_calls,
+        # Only the first calls run; the rest are answered in ``_tools_finished``.
+        run = resp.tool_calls[: policy.max_tool_calls_per_turn]
+        return _bump(state, status=AgentStatus.AWAITING_TOOLS, pending_calls=run,
                      repairing=False, **common)
     parsed = policy.parse_output(resp.text)
     if parsed.ok:
@@ -165,16 +182,39 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
     return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
 
 
-def _tools_finished(state: AgentState, event: ToolsFinished) -> AgentState:
+def _refused_calls(policy: TurnPolicy, state: AgentState) -> list[tuple[ToolCall, ToolOutcome]]:
+    """The calls of the last reply past the cap (in the reply, not pending), each answered.
+
+    They are derived from the assistant message itself, so the state needs no extra field,
+    and answered after the calls that ran: every call of the reply gets its reply, in order
+    (chat templates that drop tool-call ids pair results by position).
+    """
+    last = state.messages[-1] if state.messages else {}
+    pending = {c.id for c in state.pending_calls}
+    content = TOO_MANY_CALLS.format(cap=policy.max_tool_calls_per_turn)
+    refused = []
+    for part in last.get("tool_calls") or []:
+        if part["id"] in pending:
+            continue
+        fn = part["function"]
+        call = ToolCall(id=part["id"], name=fn["name"], arguments=json.loads(fn["arguments"]))
+        refused.append((call, ToolOutcome(call_id=call.id, name=call.name, content=content,
+                                          ok=False)))
+    return refused
+
+
+def _tools_finished(policy: TurnPolicy, state: AgentState, event: ToolsFinished) -> AgentState:
     by_id = {o.call_id: o for o in event.outcomes}
     missing = [c.id for c in state.pending_calls if c.id not in by_id]
     if missing:
         raise InvalidTransition(f"agent {state.index}: no outcome for tool calls {missing}")
-    outcomes = [by_id[c.id] for c in state.pending_calls]
+    answered = [(c, by_id[c.id]) for c in state.pending_calls]
+    answered += _refused_calls(policy, state)
+    outcomes = [o for _, o in answered]
     records = [
         ToolCallRecord(turn=state.steps, name=c.name, arguments=c.arguments, ok=o.ok,
                        cached=o.cached, coalesced=o.coalesced)
-        for c, o in zip(state.pending_calls, outcomes, strict=True)
+        for c, o in answered
     ]
     return _bump(
         state,

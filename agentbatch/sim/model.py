@@ -105,7 +105,7 @@ def plan_chat(body: dict[str, Any]) -> ChatPlan:
     answered = answered_calls(messages)
     pending = pending_round(script, answered)
     if pending and tools_allowed(body):
-        calls = emit_calls(key, pending, answered)
+        calls = emit_calls(key, pending, answered, same_ids=script.same_ids)
         return ChatPlan(key, script, Reply(None, calls, "tool_calls"), pending)
     system = "\n".join(
         content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")

@@ -53,6 +53,9 @@ class Script:
     answer: str | None = None
     tokens: int | None = None
     fails: list[FailSpec] = field(default_factory=list)
+    # ``@sim same_ids``: every call of a round carries the first call's id, as a buggy
+    # server's tool parser can do (clients must still match each result to its call).
+    same_ids: bool = False
     errors: list[str] = field(default_factory=list)  # unparseable directive lines (ignored)
 
 
@@ -183,6 +186,8 @@ def parse_script(texts: Iterable[str]) -> Script:
                     script.tokens = max(1, int(rest.strip()))
                 elif verb == "fail":
                     script.fails.append(_parse_fail(rest, len(script.fails)))
+                elif verb == "same_ids":
+                    script.same_ids = True
                 else:
                     raise ValueError(f"unknown directive {verb!r}")
             except ValueError as exc:
@@ -235,13 +240,16 @@ def pending_round(script: Script, answered: Counter[tuple[str, str]]) -> list[To
 
 
 def emit_calls(
-    key: str, calls: list[ToolCallSpec], answered: Counter[tuple[str, str]]
+    key: str, calls: list[ToolCallSpec], answered: Counter[tuple[str, str]],
+    same_ids: bool = False,
 ) -> list[EmittedCall]:
-    """Wire calls with deterministic ids; repeats of one call get distinct ids."""
+    """Wire calls with deterministic ids; repeats of one call get distinct ids, unless
+    ``same_ids`` gives the whole round the first call's id."""
     seen = Counter(answered)
-    out = []
+    out: list[EmittedCall] = []
     for call in calls:
         k = (call.name, call.args_json)
-        out.append(EmittedCall(tool_call_id(key, *k, seen[k]), call.name, call.args_json))
+        call_id = out[0].id if same_ids and out else tool_call_id(key, *k, seen[k])
+        out.append(EmittedCall(call_id, call.name, call.args_json))
         seen[k] += 1
     return out

@@ -14,9 +14,11 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..backends.base import Backend
 from ..backends.setup import open_backend
-from ..errors import BatchSpecError, RateLimited
+from ..errors import BatchSpecError, ConfigError, RateLimited
 from ..orchestrator.backpressure import BackpressureGate
 from ..orchestrator.options import DEFAULT_MAX_INFLIGHT
 from ..orchestrator.output import OutputContract
@@ -71,27 +73,46 @@ class WorkerContext:
             self._batches.move_to_end(batch_id)
             return loaded
         store = self.store(batch_id)
-        plan = await store.load_plan()
+        try:
+            plan = await store.load_plan()
+        except ValidationError as exc:  # written by another version, or tampered with
+            log.error("batch %s has a plan this worker cannot read: %s", batch_id, exc)
+            plan = BatchPlan(batch_id=batch_id, total=0, model="", backends=[],
+                             system_message="")
+            loaded = self._broken(plan, store, f"the batch's plan cannot be read: {exc}",
+                                  "config")
+            self._remember(batch_id, loaded)
+            return loaded
         if plan is None:
             return None
         loaded = self._load(plan, store)
+        self._remember(batch_id, loaded)
+        return loaded
+
+    def _remember(self, batch_id: str, loaded: LoadedBatch) -> None:
         self._batches[batch_id] = loaded
         while len(self._batches) > _MAX_LOADED_BATCHES:
             self._batches.popitem(last=False)
-        return loaded
 
     def _load(self, plan: BatchPlan, store: BatchStore) -> LoadedBatch:
         try:
-            tools = load_tools(plan)
+            tools = load_tools(plan, allowed_imports=self.settings.worker_imports)
         except BatchSpecError as exc:
             return self._broken(plan, store, str(exc), "tool_import")
         try:
-            schema = load_schema(plan)
+            schema = load_schema(plan, allowed_imports=self.settings.worker_imports)
         except BatchSpecError as exc:
             return self._broken(plan, store, str(exc), "schema_import")
         contract = OutputContract(schema)
-        pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache)
-        backend = self._backend(plan)
+        pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache, fleet_cache=self.cache)
+        try:
+            backend = self._backend(plan)
+        except (BatchSpecError, ConfigError) as exc:  # a hostfile, a key, a URL of this node
+            return self._broken(plan, store, f"the backend cannot be opened on this worker: "
+                                f"{exc}", "config")
+        except Exception as exc:
+            return self._broken(plan, store, f"the backend cannot be opened on this worker: "
+                                f"{type(exc).__name__}: {exc}", "backend_unavailable")
         rt = BatchRuntime(plan=plan, contract=contract, tools=pool, backend=backend)
         return LoadedBatch(plan=plan, store=store, policy=rt.policy, runtime=rt)
 
@@ -107,8 +128,9 @@ class WorkerContext:
         key = tuple(plan.backends)
         backend = self._backends.get(key)
         if backend is None:
+            # trust_key_env=False: the plan may not pick which of our variables is a key.
             backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
-                                   batch_prompting=plan.batch_prompting)
+                                   batch_prompting=plan.batch_prompting, trust_key_env=False)
             listeners = getattr(backend, "listeners", None)
             if listeners is not None:
                 listeners.append(lambda error: self._on_retry(plan, backend, error))
@@ -146,7 +168,8 @@ class WorkerContext:
         """Count an event both locally and on the batch (the chaos report reads these)."""
         self.stats[what] += n
         try:
-            await self.redis.hincrby(self.store(batch_id).k.meta, f"stat:{what}", n)
+            await self.scripts.note(keys=[self.store(batch_id).k.meta],
+                                    args=[f"stat:{what}", n])
         except Exception:  # statistics must never break a turn
             log.debug("could not record stat %s", what, exc_info=True)
 

@@ -12,7 +12,14 @@ from celery import Celery
 from ..orchestrator.agent_state import AgentState
 from ..orchestrator.turns import CallModel, RunTools, TurnPolicy, next_action
 from ..state.connection import sync_client
-from .app import INFERENCE_QUEUE, TOOL_TASK, TOOLS_QUEUE, TURN_TASK, priority_for
+from .app import (
+    INFERENCE_QUEUE,
+    PRIORITY_STEPS,
+    TOOL_TASK,
+    TOOLS_QUEUE,
+    TURN_TASK,
+    priority_for,
+)
 from .envelope import envelope
 
 
@@ -24,11 +31,18 @@ class Followup:
     args: tuple[object, ...]
     queue: str
     priority: int
+    countdown: float | None = None  # seconds before a worker may run it (Celery ETA)
 
 
 def turn_message(batch_id: str, state: AgentState, turns_left: int) -> Followup:
     return Followup(TURN_TASK, (batch_id, state.index, state.version, state.steps + 1),
                     INFERENCE_QUEUE, priority_for(turns_left))
+
+
+def turn_again(batch_id: str, index: int, version: int, after_ms: int) -> Followup:
+    """The same turn once more, due when a busy lease would have run out."""
+    return Followup(TURN_TASK, (batch_id, index, version, 0), INFERENCE_QUEUE,
+                    PRIORITY_STEPS[0], countdown=after_ms / 1000 + 0.05)
 
 
 def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
@@ -49,24 +63,28 @@ def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
 
 
 def envelopes(app: Celery, followups: list[Followup]) -> list[tuple[str, str]]:
-    return [envelope(app, f.task, list(f.args), f.queue, f.priority) for f in followups]
+    return [envelope(app, f.task, list(f.args), f.queue, f.priority, countdown=f.countdown)
+            for f in followups]
 
 
 @cache
-def _broker_client(url: str) -> redis.Redis:
-    return sync_client(url)
+def _broker_client(url: str, tls: tuple[tuple[str, object], ...] = ()) -> redis.Redis:
+    return sync_client(url, **dict(tls))
 
 
 def broker_client(app: Celery) -> redis.Redis:
-    """A sync client to the broker Redis (shared per URL)."""
-    return _broker_client(app.conf.broker_url)
+    """A sync client to the broker Redis (shared per URL), with the broker's TLS options:
+    ``broker_url`` carries none (``ssl_ca_certs`` & co. move to ``broker_use_ssl``), and
+    without them a private CA's certificate fails verification."""
+    tls = tuple(sorted((app.conf.broker_use_ssl or {}).items()))
+    return _broker_client(app.conf.broker_url, tls)
 
 
 def publish(app: Celery, followups: list[Followup]) -> None:
     """LPUSH the task messages in one pipeline (kombu's own format, see ``envelope``)."""
     if not followups:
         return
-    with _broker_client(app.conf.broker_url).pipeline(transaction=False) as pipe:
+    with broker_client(app).pipeline(transaction=False) as pipe:
         for key, payload in envelopes(app, followups):
             pipe.lpush(key, payload)
         pipe.execute()

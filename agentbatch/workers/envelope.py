@@ -29,10 +29,10 @@ def queue_key(queue: str, priority: int) -> str:
 
 
 def envelope(app: Celery, task: str, args: list[object], queue: str,
-             priority: int) -> tuple[str, str]:
-    """(Redis list key, JSON payload) for one task message."""
+             priority: int, countdown: float | None = None) -> tuple[str, str]:
+    """(Redis list key, JSON payload) for one task message; ``countdown`` delays it."""
     task_id = str(uuid.uuid4())
-    message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={},
+    message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={}, countdown=countdown,
                                   argsrepr=json.dumps(args), kwargsrepr="{}")
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     if isinstance(body, str):

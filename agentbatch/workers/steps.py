@@ -14,8 +14,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from ..errors import BatchCancelled, ServerBusy
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
+from ..orchestrator.backpressure import turn_deadline
 from ..orchestrator.finish import result_from_state
 from ..orchestrator.turn_io import call_model, tool_context
 from ..orchestrator.turns import (
@@ -33,17 +35,29 @@ from ..orchestrator.turns import (
 from ..state.redis_store import BatchStore, now_ms
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
-from .dispatch import Followup, envelopes, followups_for
+from .dispatch import Followup, envelopes, followups_for, turn_again
 
 log = logging.getLogger(__name__)
 
 
-def deadline_for(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState) -> int:
-    """When the sweep should assume this agent's next task was lost."""
-    extra = 0.0
-    if state.status is AgentStatus.AWAITING_TOOLS:
-        extra = loaded.plan.timeout_per_tool or 0.0
-    return now_ms() + ctx.settings.queue_grace_ms + int(extra * 1000)
+def deadline_for(ctx: WorkerContext) -> int:
+    """When the sweep should first check whether this agent's queued task was lost (a
+    started turn or tool call moves the deadline to its lease instead)."""
+    return now_ms() + ctx.settings.queue_grace_ms
+
+
+def advance(loaded: LoadedBatch, state: AgentState, event: Event) -> AgentState:
+    """``step``, except that a bug under it (an output validator raising ``KeyError``, say)
+    ends the agent with kind ``internal``, as in the embedded engine, instead of leaving the
+    turn to be re-sent forever."""
+    try:
+        return step(loaded.policy, state, event)
+    except InvalidTransition:
+        raise
+    except Exception as exc:
+        log.exception("agent %s of batch %s failed in the state machine", state.index,
+                      loaded.plan.batch_id)
+        return step(loaded.policy, state, Abandoned("internal", f"{type(exc).__name__}: {exc}"))
 
 
 async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
@@ -57,9 +71,10 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
         result_json = result_from_state(new, latency).model_dump_json()
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     won = await loaded.store.commit(old, new, token=token, result_json=result_json,
-                                    deadline_ms=deadline_for(ctx, loaded, new),
+                                    deadline_ms=deadline_for(ctx),
                                     audit=ctx.settings.audit,
-                                    enqueue=envelopes(celery_app, followups))
+                                    enqueue=envelopes(celery_app, followups),
+                                    retention_s=ctx.settings.retention_s)
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     return []
@@ -81,6 +96,27 @@ async def lease_renewal(ctx: WorkerContext, store: BatchStore, index: int,
         task.cancel()
 
 
+@contextlib.asynccontextmanager
+async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int,
+                     version: int) -> AsyncIterator[None]:
+    """While a tool call runs, keep its agent's deadline one lease ahead: a tool worker that
+    dies is then noticed at lease expiry, not after the queue grace."""
+    ttl_ms = ctx.settings.lease_ttl_ms
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ctx.settings.lease_ttl_s / 3)
+            with contextlib.suppress(Exception):
+                await store.tool_running(index, version, ttl_ms)
+
+    await store.tool_running(index, version, ttl_ms)
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
 async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
                    version: int) -> list[Followup]:
     loaded = await ctx.batch(batch_id)
@@ -90,13 +126,19 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     store = loaded.store
     token = uuid.uuid4().hex
     claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms)
+    if claim.kind == "busy":
+        # Another delivery holds this turn. Try again when its lease would run out: if that
+        # holder commits, this copy is stale and dropped; if it died, this copy resumes the
+        # agent at lease expiry without waiting for the sweep.
+        await ctx.note(batch_id, "requeued_busy")
+        return [turn_again(batch_id, index, version, claim.busy_ms)]
     if claim.kind != "ok" or claim.state is None:
         await ctx.note(batch_id, f"dropped_{claim.kind}")
         return []
     state = claim.state
     try:
         event = await _turn_event(ctx, loaded, state, token, claim.cancelled)
-        new = step(loaded.policy, state, event)
+        new = advance(loaded, state, event)
     except InvalidTransition:
         await store.release(index, token)
         await ctx.note(batch_id, "dropped_invalid")
@@ -119,9 +161,23 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend)
     gate = ctx.gate(loaded.plan, rt.backend)
-    async with lease_renewal(ctx, loaded.store, state.index, token), \
-            sem.slot(ready=gate.wait_ready if gate else None):
-        event = await call_model(rt, state, action)
+    # Waits for capacity end at the turn's deadline (a retryable ``server_busy``) or when the
+    # batch is cancelled, so a server queue that never drains cannot hold a worker forever.
+    deadline = turn_deadline(loaded.plan.timeout_per_turn)
+    cancelled = loaded.store.cancelled
+
+    async def ready() -> None:
+        if gate is not None:
+            await gate.wait_ready(deadline=deadline, cancelled=cancelled)
+
+    try:
+        async with lease_renewal(ctx, loaded.store, state.index, token), \
+                sem.slot(ready=ready, deadline=deadline, cancelled=cancelled):
+            event = await call_model(rt, state, action)
+    except ServerBusy as exc:
+        return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
+    except BatchCancelled:
+        return Cancelled()
     if isinstance(event, ModelReplied):
         await sem.on_success()  # AIMD: regrow the shared limit after a quiet period
     elif isinstance(event, ModelFailed) and event.kind == "rate_limited":
@@ -142,7 +198,7 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
     if cancelled or loaded.runtime is None:
         event: Event = Cancelled() if cancelled else Abandoned(
             loaded.error_kind, loaded.error or "the batch cannot run here")
-        return await commit(ctx, loaded, state, step(loaded.policy, state, event))
+        return await commit(ctx, loaded, state, advance(loaded, state, event))
     if recorded:
         await ctx.note(batch_id, "dropped_duplicate")
     else:
@@ -151,8 +207,9 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
             await ctx.note(batch_id, "dropped_stale")
             return []
         rt = loaded.runtime
-        outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
-                                     timeout=loaded.plan.timeout_per_tool)
+        async with tool_lease(ctx, store, index, version):
+            outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
+                                         timeout=loaded.plan.timeout_per_tool)
         ctx.stats["tool_calls"] += 1
         recorded_now = await store.record_tool(index, version, outcome,
                                                expected=len(state.pending_calls))
@@ -172,5 +229,5 @@ async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch, state: AgentStat
         outcomes = await loaded.store.tool_outcomes(state.index, state.version)
     if any(c.id not in outcomes for c in state.pending_calls):
         return []
-    new = step(loaded.policy, state, ToolsFinished(list(outcomes.values())))
+    new = advance(loaded, state, ToolsFinished(list(outcomes.values())))
     return await commit(ctx, loaded, state, new)

@@ -1,9 +1,22 @@
-"""The recovery sweep: find agents whose next task was lost and send it again.
+"""The recovery sweep: find agents whose next task was really lost and send it again.
 
-An agent's progress deadline is pushed forward by every claim, lease renewal and commit. When
-it passes with no lease held, the agent's worker died mid-turn or its follow-up never reached
-the queue; the sweep re-sends what the state machine says comes next. A duplicate is harmless:
-the version check drops it. One sweeper runs at a time, fleet-wide, under a Redis lock.
+An agent's progress deadline is pushed forward by every claim, lease renewal, running tool
+call and commit. When it passes with no lease held, the sweep decides (``recovery.py``) from
+what Redis shows:
+
+- the agent's current version was *started* (a claim or a tool call marked it) and nothing
+  committed or renewed since: its worker died mid-turn, so its task is re-sent at once;
+- it was never started and its queue still holds messages: it is most likely still queued,
+  so nothing is sent (re-sending would only pile duplicates onto a busy queue);
+- it was never started and its queue is empty: the message is gone (a worker that had
+  prefetched it died), so it is re-sent.
+
+A re-send is one script (``resend.lua``) that checks the version and lease, pushes the
+message, moves the deadline and counts it, so nothing is counted that was not sent. An agent
+re-sent ``max_resends`` times at one version without progress is ended with an ``internal``
+error: no bug can make the fleet loop on it forever. Each batch is swept on its own; one
+that fails is logged and the others are still swept. One sweeper runs at a time, fleet-wide,
+under a Redis lock.
 """
 
 from __future__ import annotations
@@ -11,69 +24,100 @@ from __future__ import annotations
 import logging
 import uuid
 
-from ..orchestrator.agent_state import AgentStatus
+from ..orchestrator.agent_state import AgentState, AgentStatus
+from ..orchestrator.turns import Abandoned, step
 from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK
 from ..state.redis_store import now_ms
-from .context import WorkerContext
-from .dispatch import Followup, followups_for
-from .steps import finish_tools
+from .app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
+from .app import app as celery_app
+from .context import LoadedBatch, WorkerContext
+from .dispatch import envelopes, followups_for
+from .envelope import queue_key
+from .steps import commit, finish_tools
 
 log = logging.getLogger(__name__)
 
 
-async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> list[Followup]:
+async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> int:
+    """One pass over every active batch; returns how many tasks were re-sent."""
     token = uuid.uuid4().hex
     lock_ms = int(max(ctx.settings.sweep_interval_s * 3, 5) * 1000)
     if not await ctx.redis.set(SWEEP_LOCK, token, nx=True, px=lock_ms):
-        return []
+        return 0
     try:
-        followups: list[Followup] = []
+        waiting = await _queue_waiting(ctx)
+        sent = 0
         for batch_id in await ctx.redis.smembers(ACTIVE_BATCHES):
-            followups += await _sweep_batch(ctx, batch_id, limit)
-        return followups
+            try:
+                sent += await _sweep_batch(ctx, batch_id, limit, waiting)
+            except Exception:  # one bad batch never stops the recovery of the others
+                log.exception("sweeping batch %s failed; the other batches are swept", batch_id)
+        return sent
     finally:
         await ctx.scripts.release(keys=[SWEEP_LOCK], args=[token])
 
 
-async def _sweep_batch(ctx: WorkerContext, batch_id: str, limit: int) -> list[Followup]:
+async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
+    """Messages waiting on each queue (all priority lists), read once per pass."""
+    async with ctx.redis.pipeline(transaction=False) as p:
+        for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
+            for pri in PRIORITY_STEPS:
+                p.llen(queue_key(queue, pri))
+        lengths = await p.execute()
+    n = len(PRIORITY_STEPS)
+    return {INFERENCE_QUEUE: sum(lengths[:n]), TOOLS_QUEUE: sum(lengths[n:])}
+
+
+async def _sweep_batch(ctx: WorkerContext, batch_id: str, limit: int,
+                       waiting: dict[str, int]) -> int:
     loaded = await ctx.batch(batch_id)
     if loaded is None:
         await ctx.redis.srem(ACTIVE_BATCHES, batch_id)
-        return []
+        return 0
     store = loaded.store
-    followups: list[Followup] = []
+    sent = 0
     for index in await store.due(limit):
-        state, leased = await store.inspect(index)
+        state, leased, started = await store.inspect(index)
         if state is None or state.terminal:
             await ctx.redis.zrem(store.k.watch, index)
             continue
         if leased:  # a live worker holds it; look again when the lease would have run out
             await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms)
             continue
-        skip: list[str] = []
-        if state.status is AgentStatus.AWAITING_TOOLS:
-            outcomes = await store.tool_outcomes(index, state.version)
-            if all(c.id in outcomes for c in state.pending_calls):
-                followups += await finish_tools(ctx, loaded, state)
-                continue
-            skip = list(outcomes)
-        followups += followups_for(batch_id, loaded.policy, state, skip_calls=skip)
-        # Back off per agent while it makes no progress: if nothing consumes the queue (all
-        # workers of that kind down), re-sending every grace period would only pile
-        # duplicates onto it. Progress (a new version) starts the count again.
-        resends = await _count_resend(ctx, store.k.resends, index, state.version)
-        backoff = ctx.settings.queue_grace_ms * 2 ** min(resends - 1, 5)
-        await store.push_deadline(index, now_ms() + backoff)
-        await ctx.note(batch_id, "recovered")
-    if followups:
-        log.warning("sweep re-sent %d task(s) for batch %s", len(followups), batch_id)
-    return followups
+        queue = TOOLS_QUEUE if state.status is AgentStatus.AWAITING_TOOLS else INFERENCE_QUEUE
+        if not started and waiting[queue] > 0:
+            # Never started and its queue is busy: still queued, most likely. Look again later.
+            await store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
+            continue
+        sent += await _resend(ctx, loaded, state)
+    if sent:
+        log.warning("sweep re-sent %d task(s) for batch %s", sent, batch_id)
+    return sent
 
 
-async def _count_resend(ctx: WorkerContext, key: str, index: int, version: int) -> int:
-    """Re-sends of this agent at this version, this one included."""
-    previous = await ctx.redis.hget(key, str(index))
-    seen_version, _, count = (previous or "").partition(":")
-    resends = int(count) + 1 if seen_version == str(version) and count else 1
-    await ctx.redis.hset(key, str(index), f"{version}:{resends}")
-    return resends
+async def _resend(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState) -> int:
+    store = loaded.store
+    skip: list[str] = []
+    if state.status is AgentStatus.AWAITING_TOOLS:
+        outcomes = await store.tool_outcomes(state.index, state.version)
+        if all(c.id in outcomes for c in state.pending_calls):
+            await finish_tools(ctx, loaded, state, outcomes)  # its completer died: finish it
+            return 0
+        skip = list(outcomes)
+    followups = followups_for(loaded.plan.batch_id, loaded.policy, state, skip_calls=skip)
+    if not followups:
+        return 0
+    n = await store.resend(state, envelopes(celery_app, followups),
+                           recheck_ms=ctx.settings.lease_ttl_ms,
+                           max_resends=ctx.settings.max_resends, audit=ctx.settings.audit)
+    if n == -2:
+        reason = (f"the agent's turn was re-sent {ctx.settings.max_resends} times without "
+                  "progress (a worker died or failed on it each time); giving up on it")
+        log.error("agent %s of batch %s: %s", state.index, loaded.plan.batch_id, reason)
+        await commit(ctx, loaded, state, step(loaded.policy, state, Abandoned("internal",
+                                                                               reason)))
+        return 0
+    if n > 0:
+        ctx.stats["recovered"] += 1
+        return len(followups)
+    return 0

@@ -1,61 +1,135 @@
-"""Exit a worker whose Celery consumer stopped consuming, so its supervisor restarts it.
+"""Notice a Celery consumer that stopped consuming, and restart this worker in place.
 
 After a broker reconnect, a Celery worker on Redis can stay connected yet never fetch again
 (celery#8030, #10205, #10302). Seen here after a Redis restart: tasks waited on the queue
-while both workers sat idle. If this process has free slots and its queues hold messages,
-but no task has reached it for ``stall_s``, it logs why and shuts down (warm, then hard);
-compose and Kubernetes restart it and the fresh consumer drains the queue. Versioned state
-makes the handover safe.
+while both workers sat idle.
+
+*Stalled* means: this worker has a free slot, its queues hold messages, and nothing has
+reached it since it first saw them waiting (or since its last receipt, if later), for
+``stall_s``. So an idle worker is not stalled the moment work appears, and a full worker is
+never stalled. "Free slot" counts from Celery's own request state
+(``celery.worker.state.reserved_requests``), which the consumer keeps in the parent process
+for every pool; ``task_prerun``/``task_postrun`` fire in the pool's children under prefork,
+so counting with them made a busy prefork worker look idle.
+
+A stalled worker re-executes itself (same pid, same argv): Celery's warm shutdown first (the
+running tasks finish, kombu restores the unacked messages), then ``os.execv`` from an
+``atexit`` hook, as Celery's own SIGHUP restart does. A backstop re-executes after
+``HARD_AFTER_S`` even if the warm shutdown hangs. Why a re-exec and not a consumer restart
+inside the process: the stall lives in Celery/kombu's reconnect state (hub fd registrations,
+QoS, the task consumer), and an in-process restart re-runs the very code path that left it
+stalled on the same objects; a fresh image is what a supervisor restart gives, and it still
+works when the consumer's thread is wedged. It needs no supervisor (a bare `agentbatch
+worker`), and under compose/Kubernetes the container simply keeps running. Versioned state and
+the recovery sweep make the handover safe.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import redis
+from celery.platforms import close_open_fds
+from celery.worker import state as celery_state
 
 from .app import PRIORITY_STEPS
 from .envelope import queue_key
 
 log = logging.getLogger(__name__)
 
+RESTARTS_ENV = "AGENTBATCH_WATCHDOG_RESTARTS"  # carried across re-execs, for the log
+HARD_AFTER_S = 30.0  # re-exec anyway if the warm shutdown has not finished by then
+
+
+def busy_slots() -> int:
+    """Requests this worker holds (reserved or running), from Celery's parent-side state."""
+    return len(celery_state.reserved_requests | celery_state.active_requests)
+
 
 class ConsumerWatchdog:
-    def __init__(self, queues: Iterable[str], stall_s: float) -> None:
+    def __init__(self, queues: Iterable[str], stall_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.lists = [queue_key(q, p) for q in queues for p in PRIORITY_STEPS]
         self.stall_s = stall_s
-        self.last_received = time.monotonic()
-        self.active = 0
-        self._lock = threading.Lock()
+        self._clock = clock
+        self.last_received = clock()
+        self.waiting_since: float | None = None
 
     def received(self) -> None:
-        self.last_received = time.monotonic()
+        self.last_received = self._clock()
 
-    def started(self) -> None:
-        with self._lock:
-            self.active += 1
-
-    def finished(self) -> None:
-        with self._lock:
-            self.active -= 1
-
-    def stalled(self, client: redis.Redis, slots: int) -> bool:
-        if time.monotonic() - self.last_received < self.stall_s or self.active >= slots:
+    def observe(self, waiting: int, busy: int, slots: int) -> bool:
+        """Record one look at the queues; True once the consumer counts as stalled."""
+        now = self._clock()
+        if waiting <= 0 or busy >= slots:
+            self.waiting_since = None  # nothing to fetch, or no room to fetch it: not stalled
             return False
+        if self.waiting_since is None:
+            self.waiting_since = now
+        return now - max(self.waiting_since, self.last_received) >= self.stall_s
+
+    def waiting(self, client: redis.Redis) -> int:
         with client.pipeline(transaction=False) as pipe:
             for name in self.lists:
                 pipe.llen(name)
-            waiting = sum(pipe.execute())
-        return waiting > 0
+            return sum(pipe.execute())
 
-    def restart_process(self) -> None:
+    def stalled(self, client: redis.Redis, slots: int) -> bool:
+        busy = busy_slots()
+        waiting = self.waiting(client) if busy < slots else 0
+        return self.observe(waiting, busy, slots)
+
+    def restart_in_place(self) -> None:
+        restarts = int(os.environ.get(RESTARTS_ENV, "0")) + 1
+        os.environ[RESTARTS_ENV] = str(restarts)
         log.error("the Celery consumer has fetched nothing for %.0fs while %s hold messages "
-                  "(a known Celery/kombu stall after a broker reconnect); exiting so the "
-                  "supervisor starts a fresh worker", self.stall_s, ", ".join(self.lists))
-        os.kill(os.getpid(), signal.SIGTERM)
-        threading.Timer(20.0, lambda: os._exit(1)).start()
+                  "and it had free slots (a known Celery/kombu stall after a broker "
+                  "reconnect); re-executing this worker in place (restart %d)",
+                  self.stall_s, ", ".join(self.lists), restarts)
+        reexec_after_shutdown()
+
+
+_exec_lock = threading.Lock()
+
+
+def _kill_children() -> None:
+    """SIGKILL leftover pool children: after exec nothing would reap or drive them."""
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _exec_self() -> None:
+    if not _exec_lock.acquire(blocking=False):
+        return  # the other path is already re-executing
+    try:
+        _kill_children()
+    except OSError:
+        log.warning("could not list pool children before re-exec", exc_info=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    close_open_fds([sys.__stdin__, sys.__stdout__, sys.__stderr__])
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def _backstop() -> None:
+    time.sleep(HARD_AFTER_S)
+    log.error("warm shutdown did not finish in %.0fs; re-executing now", HARD_AFTER_S)
+    _exec_self()
+
+
+def reexec_after_shutdown() -> None:
+    """Warm-stop Celery (SIGTERM), then exec this program again; hard after HARD_AFTER_S."""
+    atexit.register(_exec_self)
+    threading.Thread(target=_backstop, name="agentbatch-reexec", daemon=True).start()
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -12,23 +12,50 @@ import sys
 from pathlib import Path
 
 from agentbatch import get_batch, submit_batch
-from tests.support.tools import Answer, cached_lookup, lookup
+from tests.support.tools import ChaosAnswer, cached_lookup, lookup
 
 TASK = (
     "Agent {i}.\n"
     '@sim tool lookup {{"key": "u{i}"}}\n'
     '@sim tool cached_lookup {{"key": "c{c}"}}\n'
-    '@sim tool lookup {{"key": "s{s}"}}'
+    "{round3}\n"
+    "{fault}"
 )
+ROUND3 = '@sim tool lookup {"key": "s%d"}'
+# Every DUP_IDS_EVERY-th agent's third round is two calls that share one id (a server's
+# buggy tool parser): both must run, each result must reach its own call, the agent ends ok.
+DUP_IDS_EVERY = 89
+DUP_IDS = '@sim same_ids\n@sim tools lookup {"key": "s%d"}; lookup {"key": "d%d"}'
+# Every STEP_BUG_EVERY-th agent answers with a value whose validator raises KeyError inside
+# the state machine's step(): it must end with kind "internal", never loop.
+STEP_BUG_EVERY = 97
+STEP_BUG = '@sim answer {"summary": "boom", "score": 1}'
 
 
-def inputs(n: int) -> list[dict[str, int]]:
-    return [{"i": i, "c": i % 20, "s": i % 50} for i in range(n)]
+def _dup_ids(i: int) -> bool:
+    return i % DUP_IDS_EVERY == DUP_IDS_EVERY - 1
+
+
+def inputs(n: int, faults: bool = True) -> list[dict[str, object]]:
+    """The chaos batch's inputs; ``faults=False`` leaves out the model faults (duplicate ids,
+    step bugs) for runs that measure speed, not liveness."""
+    return [{"i": i, "c": i % 20,
+             "round3": DUP_IDS % (i % 50, i) if faults and _dup_ids(i) else ROUND3 % (i % 50),
+             "fault": STEP_BUG if faults and i % STEP_BUG_EVERY == STEP_BUG_EVERY - 1 else ""}
+            for i in range(n)]
+
+
+def dup_id_agents(n: int) -> list[int]:
+    return [i for i in range(n) if _dup_ids(i)]
+
+
+def step_bug_agents(n: int) -> int:
+    return sum(1 for i in range(n) if i % STEP_BUG_EVERY == STEP_BUG_EVERY - 1)
 
 
 def submit(args: argparse.Namespace) -> None:
     handle = submit_batch(TASK, inputs(args.agents), tools=[lookup, cached_lookup],
-                          output_schema=Answer, model="sim-model", backend=args.backend,
+                          output_schema=ChaosAnswer, model="sim-model", backend=args.backend,
                           redis_url=args.redis_url, max_turns=5, max_retries=4,
                           timeout_per_turn=args.timeout_per_turn)
     out = Path(args.out)

@@ -1,10 +1,14 @@
 """Chaos harness: run a distributed batch while killing workers and the submitter.
 
 It runs 1,000 agents x 3 tool rounds (by default) on the simulator with 4 inference-worker and
-2 tool-worker processes, SIGKILLs a random worker every few seconds (and restarts it), SIGKILLs
-the submitting process mid-run and re-attaches from a new one, then checks the invariants
-against Redis itself and writes a JSON report. The same batch without chaos runs first, in
-the same invocation, so the report gives the overhead of the kills.
+2 tool-worker processes, SIGKILLs a random worker every few seconds (and restarts it), pauses
+one past its lease now and then (SIGSTOP, then SIGCONT), pushes malformed messages onto both
+queues, runs a batch the workers cannot open beside the real one, has a few agents hit a bug
+inside ``step()``, SIGKILLs the submitting process mid-run and re-attaches from a new one,
+then checks the invariants against Redis itself and writes a JSON report, with the p99 time
+from a worker fault to the next commit of each agent the sweep recovered. The same batch
+without chaos runs first, in the same invocation, so the report gives the overhead of the
+kills.
 
     python -m tests.chaos.harness --agents 1000 --json benchmarks/results/chaos_1000.json
 """
@@ -12,10 +16,13 @@ the same invocation, so the report gives the overhead of the kills.
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
 import json
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,11 +35,18 @@ from typing import Any
 
 import redis
 
+from agentbatch import submit_batch
+from agentbatch.orchestrator.distributed_handle import DistributedHandle
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
 from agentbatch.state.keys import BatchKeys
+from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, TURN_TASK, client_app
+from agentbatch.workers.envelope import envelope
+from tests.chaos.client import dup_id_agents, step_bug_agents
 from tests.support.redis_server import RedisServer
 from tests.support.workers import REPO, WorkerProcess
+
+UNLOADABLE_AGENTS = 20
 
 
 @dataclass
@@ -53,6 +67,9 @@ class ChaosConfig:
     compare_without_chaos: bool = True
     timeout_s: float = 1200.0
     seed: int = 7
+    pause_every: int = 3  # every Nth fault is a SIGSTOP past the lease, then SIGCONT (0: none)
+    poison: bool = True  # malformed messages on each queue while the batch runs
+    unloadable_batch: bool = True  # a batch the workers cannot open, beside the real one
 
 
 @dataclass
@@ -68,6 +85,20 @@ class RunReport:
     latency_p99_s: float | None = None
     kill_times_s: list[float] = field(default_factory=list)
     kills: int = 0
+    pause_times_s: list[float] = field(default_factory=list)
+    pauses: int = 0
+    poison_messages: int = 0
+    step_bug_agents: int = 0
+    step_bugs_ended_internal: int = 0
+    dup_id_agents: int = 0  # agents whose reply carried two tool calls with one id
+    recovery_slowest_s: list[float | None] = field(default_factory=list)
+    dup_id_agents_ok: int = 0
+    unloadable_agents: int = 0
+    unloadable_ended_with_reason: int = 0
+    resends: int = 0
+    recovery_p50_s: float | None = None
+    recovery_p99_s: float | None = None
+    recovery_max_s: float | None = None
     submitter_killed_at_s: float | None = None
     tail_after_last_kill_s: float | None = None
     stuck_bound_s: float | None = None
@@ -77,6 +108,9 @@ class RunReport:
     cacheable_keys: int = 0
     cacheable_reruns: int = 0
     shared_noncacheable_executions: int = 0
+    noncacheable_calls: int = 0  # distinct non-cacheable calls that ran (idempotency keys)
+    noncacheable_executions: int = 0  # how often they ran: at-least-once, so maybe more
+    noncacheable_reruns: int = 0
     redeliveries_dropped: dict[str, int] = field(default_factory=dict)
     recovered_by_sweep: int = 0
     workers_died_unexpectedly: int = 0
@@ -113,6 +147,20 @@ class Fleet:
         self.workers = [self._spawn(q, wait=False) for q in roles]
         for w in self.workers:
             w.wait_ready()
+
+    def pause_random(self, rng: random.Random, seconds: float) -> str:
+        """SIGSTOP a worker past its lease, then SIGCONT it: a paused process that wakes up."""
+        victim = rng.choice(self.workers)
+        if victim.proc is None or victim.proc.poll() is not None:
+            return victim.name
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+
+        def wake() -> None:
+            if victim.proc is not None and victim.proc.poll() is None:
+                os.kill(victim.proc.pid, signal.SIGCONT)
+
+        threading.Timer(seconds, wake).start()
+        return victim.name
 
     def kill_random(self, rng: random.Random) -> str:
         victim = rng.choice(self.workers)
@@ -160,13 +208,26 @@ def run_once(cfg: ChaosConfig, redis_url: str, backend: str, chaos: bool,
         time.sleep(0.05)
     batch_id = id_file.read_text().strip()
     done = threading.Event()
+    if chaos and cfg.poison:
+        report.poison_messages = push_poison(r)
+    broken = submit_unloadable(redis_url, backend, tmp) if chaos and cfg.unloadable_batch \
+        else None
+
+    faults_wall: list[float] = []  # time.time() of each kill or pause, for recovery times
 
     def killer() -> None:
         interval = cfg.kill_interval_s or max((expected_wall or 30.0) / (cfg.min_kills + 3),
                                               0.5)
+        n = 0
         while not done.wait(rng.uniform(0.6 * interval, 1.2 * interval)):
-            fleet.kill_random(rng)
-            report.kill_times_s.append(round(time.monotonic() - started, 3))
+            n += 1
+            faults_wall.append(time.time())
+            if cfg.pause_every and n % cfg.pause_every == 0:
+                fleet.pause_random(rng, cfg.lease_ttl_s * 1.5)
+                report.pause_times_s.append(round(time.monotonic() - started, 3))
+            else:
+                fleet.kill_random(rng)
+                report.kill_times_s.append(round(time.monotonic() - started, 3))
 
     killer_thread = threading.Thread(target=killer, daemon=True)
     if chaos:
@@ -193,9 +254,16 @@ def run_once(cfg: ChaosConfig, redis_url: str, backend: str, chaos: bool,
     if chaos:
         killer_thread.join(30)
     report.kills = len(report.kill_times_s)
+    report.pauses = len(report.pause_times_s)
     data = json.loads(collected.read_text())
     report.reader_error = data["raised"] if collector.returncode else None
     _check(report, r, batch_id, cfg, data["rows"])
+    _recovery(report, r, batch_id, faults_wall)
+    if broken is not None:
+        ended = broken.wait(timeout=120)
+        report.unloadable_agents = len(ended)
+        report.unloadable_ended_with_reason = sum(
+            1 for res in ended if not res.ok and res.error.kind == "config")
     report.workers_died_unexpectedly = fleet.stop()
     if report.kill_times_s:
         report.tail_after_last_kill_s = round(report.wall_s - report.kill_times_s[-1], 3)
@@ -219,7 +287,8 @@ def _check(report: RunReport, r: redis.Redis, batch_id: str, cfg: ChaosConfig,
     report.latency_p99_s = _percentile(latencies, 0.99)
     versions: dict[int, list[int]] = defaultdict(list)
     for _, f in r.xrange(k.audit):
-        versions[int(f["i"])].append(int(f["v"]))
+        if "v" in f:  # re-send records carry "resent" instead
+            versions[int(f["i"])].append(int(f["v"]))
     report.commits_audited = sum(len(v) for v in versions.values())
     for seq in versions.values():
         if seq != list(range(1, len(seq) + 1)):
@@ -230,10 +299,80 @@ def _check(report: RunReport, r: redis.Redis, batch_id: str, cfg: ChaosConfig,
     report.cacheable_reruns = sum(v - 1 for v in cached.values())
     report.shared_noncacheable_executions = sum(
         int(v) for key, v in _scan(r, "test:exec:lookup:s*"))
+    runs = [int(v) for v in r.hvals("test:exec:noncacheable")]
+    report.noncacheable_calls = len(runs)
+    report.noncacheable_executions = sum(runs)
+    report.noncacheable_reruns = sum(runs) - len(runs)
     meta = r.hgetall(k.meta)
     report.redeliveries_dropped = {key[5:]: int(v) for key, v in meta.items()
                                    if key.startswith("stat:dropped")}
     report.recovered_by_sweep = int(meta.get("stat:recovered", 0))
+    report.step_bug_agents = step_bug_agents(cfg.agents)
+    report.step_bugs_ended_internal = sum(
+        1 for row in rows if not row["ok"] and row["error"]["kind"] == "internal"
+        and "boom" in row["error"]["message"])
+    dup = set(dup_id_agents(cfg.agents))
+    report.dup_id_agents = len(dup)
+    report.dup_id_agents_ok = sum(1 for row in rows if row["index"] in dup and row["ok"])
+
+
+def _recovery(report: RunReport, r: redis.Redis, batch_id: str,
+              faults_wall: list[float]) -> None:
+    """For each agent the sweep re-sent: time from the latest worker fault (kill or pause)
+    before the re-send to the agent's next commit (the audit stream's ids are Redis times)."""
+    commits: dict[int, list[float]] = defaultdict(list)
+    resends: list[tuple[float, int]] = []
+    for entry_id, f in r.xrange(BatchKeys(batch_id).audit):
+        at = int(entry_id.split("-")[0]) / 1000
+        if "resent" in f:
+            resends.append((at, int(f["i"])))
+        else:
+            commits[int(f["i"])].append(at)
+    report.resends = len(resends)
+    times = []
+    for at, index in resends:
+        before = [t for t in faults_wall if t <= at]
+        after = [t for t in commits[index] if t >= at]
+        if before and after:
+            times.append(after[0] - before[-1])
+    report.recovery_p50_s = _round(_percentile(times, 0.5))
+    report.recovery_p99_s = _round(_percentile(times, 0.99))
+    report.recovery_max_s = _round(max(times) if times else None)
+    report.recovery_slowest_s = [_round(t) for t in sorted(times, reverse=True)[:10]]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def push_poison(r: redis.Redis) -> int:
+    """Malformed messages on both queues: not JSON, a JSON envelope whose body is ``[]``, and
+    a body that claims gzip compression. Each must be dead-lettered, never kill a worker."""
+    app = client_app("redis://unused")
+    pushed = 0
+    for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
+        key, payload = envelope(app, TURN_TASK, ["x", 0, 0, 0], queue, 9)
+        bad_body = json.loads(payload)
+        bad_body["body"] = base64.b64encode(b"[]").decode()
+        zipped = json.loads(payload)
+        zipped["headers"]["compression"] = "application/x-gzip"
+        zipped["body"] = base64.b64encode(gzip.compress(b"\0" * 1_000_000)).decode()
+        for item in ("not json at all", json.dumps(bad_body), json.dumps(zipped)):
+            r.lpush(key, item)
+            pushed += 1
+    return pushed
+
+
+def submit_unloadable(redis_url: str, backend: str, tmp: Path) -> DistributedHandle:
+    """A small batch whose backend hostfile the workers cannot read: it must end with kind
+    ``config`` while the main batch runs on."""
+    hostfile = tmp / "gone-hosts.txt"
+    hostfile.write_text(backend + "\n")
+    handle = submit_batch("Broken {i}.", [{"i": i} for i in range(UNLOADABLE_AGENTS)],
+                          model="sim-model", backend=f"@{hostfile}", redis_url=redis_url,
+                          warm_prefix=False)
+    hostfile.unlink()
+    return handle  # type: ignore[return-value]
 
 
 def _scan(r: redis.Redis, pattern: str) -> list[tuple[str, str]]:
@@ -268,6 +407,11 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
         "enough_kills": chaos.kills >= cfg.min_kills,
         "every_agent_ended_ok_or_with_reason": chaos.ok + sum(chaos.failed_by_kind.values())
         == cfg.agents,
+        "step_bugs_ended_internal": chaos.step_bugs_ended_internal == chaos.step_bug_agents,
+        "duplicate_tool_ids_ended_ok": chaos.dup_id_agents_ok == chaos.dup_id_agents,
+        "unloadable_batch_ended": chaos.unloadable_ended_with_reason
+        == chaos.unloadable_agents,
+        "no_worker_died_unexpectedly": chaos.workers_died_unexpectedly == 0,
         "reader_finished": chaos.reader_error is None,
     }
     return {

@@ -33,6 +33,10 @@ def test_scaled_down_chaos_run_keeps_every_invariant():
     assert report["invariants"] == {k: True for k in report["invariants"]}, chaos
     assert chaos["lost"] == 0 and chaos["duplicated"] == 0
     assert chaos["kills"] >= 3 and chaos["submitter_killed_at_s"] is not None
+    # the liveness faults really happened (their invariants are not vacuous)
+    assert chaos["pauses"] >= 1 and chaos["poison_messages"] >= 2
+    assert chaos["dup_id_agents"] >= 1 and chaos["step_bug_agents"] >= 1
+    assert chaos["unloadable_agents"] >= 1
 
 
 @pytest.fixture

@@ -72,7 +72,10 @@ def test_duplicated_turn_task_is_dropped(redis_url, sim_url, start_workers):
     assert results[0].ok and results[0].turns == 2
     assert _stream_indices(redis_url, handle.batch_id) == [0]
     status = handle.status()
-    dropped = sum(v for k, v in status.items() if k.startswith("stat:dropped"))
+    # the duplicate was dropped as stale, or found the turn busy and was re-queued to run
+    # after the lease (and is then dropped as stale)
+    dropped = sum(v for k, v in status.items()
+                  if k.startswith("stat:dropped") or k == "stat:requeued_busy")
     assert dropped >= 1, status
     assert int(redis.from_url(redis_url).get("test:exec:lookup:dup")) == 1
 
@@ -181,33 +184,21 @@ def test_unreachable_backend_is_refused_at_warm_up_before_anything_is_written(re
     assert redis.from_url(redis_url).keys("ab:*") == []
 
 
-async def test_sweep_backoff_counts_only_resends_without_progress(redis_url):
-    from agentbatch.workers.context import WorkerContext
-    from agentbatch.workers.settings import WorkerSettings
-    from agentbatch.workers.sweep import _count_resend
-
-    ctx = WorkerContext(WorkerSettings.from_env(redis_url))
-    try:
-        assert [await _count_resend(ctx, "resends", 7, 3) for _ in range(3)] == [1, 2, 3]
-        assert await _count_resend(ctx, "resends", 7, 4) == 1  # progress resets the backoff
-        assert await _count_resend(ctx, "resends", 8, 4) == 1  # per agent
-    finally:
-        await ctx.redis.aclose()
-
-
 def test_consumer_watchdog_detects_a_stalled_consumer(redis_url):
+    """``stalled()`` reads the real queue lists; the clock is fake (no timing in tests)."""
     from agentbatch.workers.envelope import queue_key
     from agentbatch.workers.watchdog import ConsumerWatchdog
 
     client = redis.from_url(redis_url)
-    dog = ConsumerWatchdog(["inference"], stall_s=5)
+    now = [100.0]
+    dog = ConsumerWatchdog(["inference"], stall_s=5, clock=lambda: now[0])
+    assert not dog.stalled(client, slots=4)  # nothing waiting
     client.lpush(queue_key("inference", 9), "waiting message")
-    assert not dog.stalled(client, slots=4)  # received recently
-    dog.last_received -= 10
-    assert dog.stalled(client, slots=4)  # idle slots, messages waiting, nothing received
-    for _ in range(4):
-        dog.started()
-    assert not dog.stalled(client, slots=4)  # busy: not a stall
-    dog.finished()
+    assert not dog.stalled(client, slots=4)  # messages just appeared: the clock starts
+    now[0] += 10
+    assert dog.stalled(client, slots=4)  # idle slots, messages waiting 10 s, nothing received
+    dog.received()
+    assert not dog.stalled(client, slots=4)  # a receipt restarts the measurement
     client.delete(queue_key("inference", 9))
+    now[0] += 10
     assert not dog.stalled(client, slots=4)  # nothing waiting

@@ -1,0 +1,73 @@
+"""`agentbatch dead-letters`: list and drop queue messages the workers refused as malformed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Queue messages workers refused as malformed (see `ls`, `drop`).")
+console = Console()
+
+if TYPE_CHECKING:
+    import redis
+
+_REDIS_URL = typer.Option(None, envvar="AGENTBATCH_REDIS_URL", help="Redis URL (the broker).")
+
+
+def _client(redis_url: str | None) -> redis.Redis:
+    if not redis_url:
+        raise typer.BadParameter("--redis-url (or AGENTBATCH_REDIS_URL) is required")
+    import redis
+
+    return redis.from_url(redis_url)
+
+
+@app.command("ls")
+def ls(redis_url: str = _REDIS_URL,
+       limit: int = typer.Option(100, min=1, help="Show at most this many (newest first)."),
+       as_json: bool = typer.Option(False, "--json", help="One JSON record per line.")) -> None:
+    """List dead letters, newest first."""
+    from .workers import dead_letters
+
+    client = _client(redis_url)
+    letters = dead_letters.list_letters(client, limit)
+    if as_json:
+        for letter in letters:
+            typer.echo(json.dumps(letter))
+        return
+    total = client.llen(dead_letters.DEAD_LETTERS)
+    table = Table(title=f"{total} dead letter(s) in {dead_letters.DEAD_LETTERS}")
+    for column in ("id", "when (UTC)", "queue", "bytes", "reason", "raw (start)"):
+        table.add_column(column, overflow="fold")
+    for letter in letters:
+        when = (dt.datetime.fromtimestamp(letter["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+                if isinstance(letter.get("at"), int | float) else "?")
+        table.add_row(str(letter.get("id")), when, str(letter.get("queue")),
+                      str(letter.get("size", "?")), str(letter.get("reason")),
+                      str(letter.get("raw", ""))[:80])
+    console.print(table)
+
+
+@app.command("drop")
+def drop(letter_id: str = typer.Argument(None, metavar="ID", help="The letter to drop."),
+         drop_all: bool = typer.Option(False, "--all", help="Drop every dead letter."),
+         redis_url: str = _REDIS_URL) -> None:
+    """Drop one dead letter by id, or all of them with --all."""
+    from .workers import dead_letters
+
+    if drop_all == bool(letter_id):
+        raise typer.BadParameter("give exactly one of ID or --all")
+    client = _client(redis_url)
+    if drop_all:
+        typer.echo(f"dropped {dead_letters.drop_all(client)} dead letter(s)")
+        return
+    if not dead_letters.drop(client, letter_id):
+        typer.echo(f"no dead letter with id {letter_id!r}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"dropped {letter_id}")
