@@ -1,9 +1,11 @@
 """The Anthropic Messages API backend, over plain httpx (no SDK to pin or to fight).
 
 ``anthropic://`` talks to https://api.anthropic.com; ``anthropic://host:port`` to a compatible
-endpoint or proxy (plain http on loopback). The key always comes from ``api_key`` or
-``ANTHROPIC_API_KEY`` and is checked at construction, so a batch fails before its fan-out
-rather than on every agent; a proxy that needs no key still wants a placeholder value.
+endpoint or proxy (plain http on loopback). The key comes from ``api_key``, or
+``ANTHROPIC_API_KEY`` for api.anthropic.com only, or for another host from the variable that
+``AGENTBATCH_API_KEYS`` / ``?api_key_env=`` names (``api_keys``). It is checked at
+construction, so a batch fails before its fan-out rather than on every agent; a proxy that
+needs no key still wants a placeholder value.
 
 Errors: 429 is ``RateLimited`` and 529 ("overloaded") a ``ServerError`` -- both retryable with
 the server's ``retry-after``; other 5xx are ``ServerError``; other 4xx ``BadRequest`` with the
@@ -12,7 +14,6 @@ API's own message. The key is scrubbed from every message.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
@@ -20,9 +21,10 @@ import httpx
 from ..errors import ConfigError
 from ..model_io import ModelRequest, ModelResponse
 from .anthropic_convert import DEFAULT_MAX_TOKENS, build_body, parse_response
+from .api_keys import API_KEYS_ENV
 from .base import BackendCapabilities
 from .http_session import HttpSession
-from .urls import BackendTarget, parse_backend_url
+from .urls import ANTHROPIC_HOST, BackendTarget, parse_backend_url
 
 ANTHROPIC_KEY_ENV = "ANTHROPIC_API_KEY"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -50,14 +52,15 @@ class AnthropicBackend:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if isinstance(target, str):
-            target = parse_backend_url(target)
+            target = parse_backend_url(target, api_key=api_key)
         if target.scheme != "anthropic":
             raise ConfigError(f"AnthropicBackend needs an anthropic:// URL, got {target.display}")
-        key = api_key or target.api_key or os.environ.get(ANTHROPIC_KEY_ENV) or None
+        key = api_key or target.api_key
         if key is None:
             raise ConfigError(
-                f"{target.display} needs an API key: set the {ANTHROPIC_KEY_ENV} "
-                "environment variable"
+                f"{target.display} needs an API key: set the {ANTHROPIC_KEY_ENV} environment "
+                f"variable (sent to {ANTHROPIC_HOST} only), or name one for this host with "
+                f"{API_KEYS_ENV} or ?api_key_env="
             )
         self.target = target
         self.name = target.display

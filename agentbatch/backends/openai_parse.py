@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from ..errors import ServerError
-from ..model_io import ModelResponse, ToolCall, Usage
+from ..model_io import ModelResponse, ToolCall, Usage, unique_call_ids
 
 MAX_RAW_ARGS_CHARS = 300
 
@@ -66,10 +66,12 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
         value = json.loads(raw)
     except ValueError as exc:
         return {}, f"tool arguments are not valid JSON ({exc}): {_clip(raw)}"
+    except RecursionError:  # the model's mistake, like any other bad arguments
+        return {}, f"tool arguments are nested too deeply: {_clip(raw)}"
     if isinstance(value, str):  # double-encoded by some tool parsers
         try:
             inner = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             inner = None
         if isinstance(inner, dict):
             return inner, None
@@ -91,7 +93,8 @@ def _call_id(request_id: str, index: int, name: str, raw_args: Any) -> str:
 
 
 def parse_tool_calls(raw_calls: Any, request_id: str) -> list[ToolCall]:
-    """``message.tool_calls`` into ``ToolCall``s; never raises on a malformed entry."""
+    """``message.tool_calls`` into ``ToolCall``s with unique ids; never raises on a malformed
+    entry."""
     if not isinstance(raw_calls, list):
         return []
     calls: list[ToolCall] = []
@@ -108,7 +111,8 @@ def parse_tool_calls(raw_calls: Any, request_id: str) -> list[ToolCall]:
         if not isinstance(call_id, str) or not call_id:
             call_id = _call_id(request_id, index, name, raw_args)
         calls.append(ToolCall(id=call_id, name=name, arguments=arguments, arguments_error=error))
-    return calls
+    # Here as well as in ModelResponse: a streamed call is announced early from this list.
+    return unique_call_ids(calls)
 
 
 def parse_usage(body: dict[str, Any]) -> Usage:

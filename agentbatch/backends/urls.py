@@ -7,7 +7,10 @@ a ``BatchSpecError`` instead of failing every agent at run time.
 
 Query options: ``?model=NAME`` (a default model) and, on OpenAI-compatible URLs, ``?stream=1``
 (stream chat completions, which measures time-to-first-token; off by default because a
-non-streamed reply costs the client less CPU).
+non-streamed reply costs the client less CPU); on ``openai://`` and ``anthropic://`` URLs,
+``?api_key_env=NAME`` (the variable holding that host's key, see ``api_keys``). Any other
+query parameter is refused: the URL is stored in the plan in Redis, so ``?api_key=`` must
+never be accepted there.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from ..errors import BatchSpecError, ConfigError
+from .api_keys import KEY_ENV_OPTION, OFFICIAL, check_env_name, resolve_api_key, withheld_key_error
 
 _TRUE = ("1", "true", "yes", "on", "")  # a bare ``?stream`` switches it on
 _FALSE = ("0", "false", "no", "off")
 
 # Self-hosted OpenAI-compatible servers: plain HTTP unless written ``<scheme>+https://``.
-SELF_HOSTED_SCHEMES = ("vllm", "sglang", "dynamo", "sim")
+SELF_HOSTED_SCHEMES = ("vllm", "sglang", "dynamo", "sim", "llamacpp")
 KNOWN_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai", "anthropic", "bedrock")
 # Schemes spoken by ``OpenAICompatBackend``, the driver that can stream (``?stream=1``).
 STREAMABLE_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai")
@@ -31,6 +35,8 @@ STREAMABLE_SCHEMES = (*SELF_HOSTED_SCHEMES, "http", "https", "openai")
 OPENAI_HOST = "api.openai.com"
 ANTHROPIC_HOST = "api.anthropic.com"
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
+
+QUERY_OPTIONS = ("model", "stream", KEY_ENV_OPTION)
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 
@@ -52,6 +58,7 @@ class BackendTarget:
     stream: bool = False  # ``?stream=1``: stream chat completions (TTFT measured)
     # Kept out of repr/eq so a target can be logged or compared without leaking the key.
     api_key: str | None = field(default=None, repr=False, compare=False)
+    key_env: str | None = None  # ``?api_key_env=``: the NAME of the key's variable, never a key
 
     @property
     def host(self) -> str:
@@ -99,11 +106,16 @@ def _strip_path(path: str) -> str:
     return path.rstrip("/")
 
 
-def parse_backend_url(url: str, *, api_key: str | None = None) -> BackendTarget:
+def parse_backend_url(
+    url: str, *, api_key: str | None = None, trust_key_env: bool = True
+) -> BackendTarget:
     """Parse a backend URL; see the module docstring and ``KNOWN_SCHEMES``.
 
-    ``api_key`` overrides the environment. A key is only *required* for api.openai.com,
-    where a missing ``OPENAI_API_KEY`` raises ``ConfigError`` naming the variable.
+    ``api_key`` overrides the environment, which supplies a key only to the provider's
+    official host (``api_keys`` says where other hosts' keys come from). A key is *required*
+    for api.openai.com, where a missing ``OPENAI_API_KEY`` raises ``ConfigError`` naming the
+    variable. ``trust_key_env=False`` (workers running someone else's plan) honours the URL's
+    ``api_key_env`` only when the process's ``AGENTBATCH_API_KEYS`` agrees with it.
     """
     if not isinstance(url, str) or "://" not in url:
         raise BatchSpecError(f"backend URL {url!r} has no scheme; expected one of {_known()}")
@@ -115,6 +127,8 @@ def parse_backend_url(url: str, *, api_key: str | None = None) -> BackendTarget:
             "backend URLs must not carry credentials; pass api_key or set the key's "
             "environment variable instead"
         )
+    query = parse_qs(parts.query, keep_blank_values=True)
+    _check_query(parts, query)
     full_scheme = parts.scheme.lower()
     base_scheme, _, transport = full_scheme.partition("+")
     if transport not in ("", "http", "https") or base_scheme not in KNOWN_SCHEMES:
@@ -122,15 +136,60 @@ def parse_backend_url(url: str, *, api_key: str | None = None) -> BackendTarget:
             f"unknown backend scheme {full_scheme!r} in {url!r}; known schemes: {_known()}"
             " (self-hosted ones also accept '+https', e.g. vllm+https://)"
         )
-    query = parse_qs(parts.query, keep_blank_values=True)
     query_model = (query.get("model") or [None])[0] or None
     stream = _parse_stream(url, query.get("stream"))
     if stream and base_scheme not in STREAMABLE_SCHEMES:
         raise BatchSpecError(
             f"?stream=1 in {url!r}: streaming is an option of OpenAI-compatible backends only"
         )
-    target = _parse_target(url, raw, parts, base_scheme, transport, query_model, api_key)
+    key_env = _key_env(url, base_scheme, query.get(KEY_ENV_OPTION))
+    target = _parse_target(url, raw, parts, base_scheme, transport, query_model)
+    if base_scheme in OFFICIAL:
+        target = _with_key(target, api_key, key_env, trust_key_env)
     return replace(target, stream=stream) if stream else target
+
+
+def _check_query(parts: SplitResult, query: dict[str, list[str]]) -> None:
+    """Refuse query parameters we do not know, naming them but never echoing their values
+    (the URL goes into the plan in Redis, so a ``?api_key=`` there would be stored)."""
+    unknown = sorted(set(query) - set(QUERY_OPTIONS))
+    if unknown:
+        where = f"{parts.scheme}://{parts.hostname or parts.netloc}"
+        raise BatchSpecError(
+            f"unknown query parameter(s) {', '.join(map(repr, unknown))} in backend URL "
+            f"{where}...; known: {', '.join(QUERY_OPTIONS)}. Keys never go in the URL: use "
+            f"AGENTBATCH_API_KEYS or ?{KEY_ENV_OPTION}=ENV_VAR_NAME"
+        )
+
+
+def _key_env(url: str, base_scheme: str, values: list[str] | None) -> str | None:
+    """``?api_key_env=NAME``: only on URLs whose driver sends a key, and only a valid name."""
+    if not values:
+        return None
+    if base_scheme not in OFFICIAL:
+        raise BatchSpecError(
+            f"?{KEY_ENV_OPTION}= in {url!r}: only openai:// and anthropic:// URLs take a key"
+        )
+    try:
+        return check_env_name(values[-1], KEY_ENV_OPTION)
+    except ConfigError as exc:
+        raise BatchSpecError(str(exc)) from None
+
+
+def _with_key(
+    target: BackendTarget, api_key: str | None, key_env: str | None, trust_key_env: bool
+) -> BackendTarget:
+    """``target`` with the key it may be sent (see ``api_keys``), or a ``ConfigError``."""
+    key = resolve_api_key(target.scheme, target.base_url, explicit=api_key, key_env=key_env,
+                          trust_key_env=trust_key_env)
+    if key is None and os.environ.get(OFFICIAL[target.scheme][1]):
+        # Only the official https host would have received it: say so, do not drop it quietly.
+        raise withheld_key_error(target.scheme, target.base_url)
+    if key is None and target.scheme == "openai" and target.host == OPENAI_HOST:
+        raise ConfigError(
+            f"{target.raw!r} needs an API key: set the {OPENAI_KEY_ENV} environment variable"
+        )
+    return replace(target, api_key=key, key_env=key_env)
 
 
 def _parse_stream(url: str, values: list[str] | None) -> bool:
@@ -152,7 +211,6 @@ def _parse_target(
     base_scheme: str,
     transport: str,
     query_model: str | None,
-    api_key: str | None,
 ) -> BackendTarget:
     """The target for an already validated scheme (query options applied by the caller)."""
     if base_scheme == "bedrock":
@@ -179,14 +237,7 @@ def _parse_target(
     host = parts.hostname or default_host
     http = transport or ("http" if is_local_host(host) else "https")
     base = f"{http}://{netloc or default_host}{path}"
-    key = api_key
-    if base_scheme == "openai":
-        key = key or os.environ.get(OPENAI_KEY_ENV) or None
-        if key is None and host == OPENAI_HOST:
-            raise ConfigError(
-                f"{url!r} needs an API key: set the {OPENAI_KEY_ENV} environment variable"
-            )
-    return BackendTarget(base_scheme, base, raw, model=query_model, api_key=key)
+    return BackendTarget(base_scheme, base, raw, model=query_model)
 
 
 def _parse_bedrock(raw: str, parts: SplitResult, query_model: str | None) -> BackendTarget:

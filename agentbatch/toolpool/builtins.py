@@ -2,7 +2,10 @@
 
 Each is a module-level ``@tool``, so worker processes re-import it from
 ``agentbatch.toolpool.builtins:<name>``. There is deliberately no code-evaluation tool.
-``read_file`` is confined to one root directory because the model chooses the path.
+``read_file`` is confined to one root directory because the model chooses the path: the
+root must be configured (``AGENTBATCH_FILE_ROOT``), /proc, /sys and /dev are never readable,
+and hard links inside the root are not detected (see ``confined_read``). ``http_get``
+reaches only public addresses unless the operator allows more (see ``public_http``).
 """
 
 from __future__ import annotations
@@ -19,17 +22,24 @@ import httpx
 from pydantic import Field
 
 from ..errors import ToolError
+from .confined_read import read_confined
 from .pool import to_text
+from .public_http import HTTP_ALLOW_ENV, fetch_public, http_allowlist, public_client
 from .tool import Tool, is_async_callable, tool
 
 __all__ = [
-    "FILE_ROOT_ENV", "WEB_SEARCH_PROVIDER_ENV", "http_get", "read_file", "read_file_tool",
-    "set_web_search_provider", "web_search",
+    "FILE_ROOT_ENV", "HTTP_ALLOW_ENV", "WEB_SEARCH_PROVIDER_ENV", "http_get", "read_file",
+    "read_file_tool", "set_web_search_provider", "web_search",
 ]  # fmt: skip
 
 FILE_ROOT_ENV = "AGENTBATCH_FILE_ROOT"
 WEB_SEARCH_PROVIDER_ENV = "AGENTBATCH_WEB_SEARCH_PROVIDER"
 HTTP_TIMEOUT = 20.0
+_NO_ROOT = (
+    "read_file has no root directory configured: set AGENTBATCH_FILE_ROOT=/path/to/files "
+    "in the environment of the process that runs tools (every worker), or pass "
+    "agentbatch.toolpool.read_file_tool(root) as the tool (embedded engine only)"
+)
 _NO_PROVIDER = (
     "web_search has no provider configured: set AGENTBATCH_WEB_SEARCH_PROVIDER=module:function "
     "or call agentbatch.toolpool.set_web_search_provider(fn)"
@@ -43,41 +53,6 @@ _Results = Annotated[int, Field(ge=1, le=50)]
 # -- read_file -----------------------------------------------------------------------------
 
 
-def read_confined(root: str | Path, path: str, max_bytes: int = 200_000) -> str:
-    """Read ``path`` if, after resolving every symlink and '..', it is still inside ``root``."""
-    root_dir = Path(root).resolve()
-    if not path or "\x00" in path:
-        raise ToolError("read_file needs a non-empty file path")
-    requested = Path(path)
-    candidate = requested if requested.is_absolute() else root_dir / requested
-    try:
-        resolved = candidate.resolve()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
-        raise ToolError(f"read_file cannot resolve {path!r}: {exc}") from None
-    if not resolved.is_relative_to(root_dir):
-        raise ToolError(
-            f"read_file refused {path!r}: it is outside the allowed root directory "
-            "(use a path relative to the root; '..' and symlinks may not leave it)"
-        )
-    if not resolved.exists():
-        raise ToolError(f"read_file: no such file: {path!r}")
-    if resolved.is_dir():
-        raise ToolError(f"read_file: {path!r} is a directory, not a file")
-    if not resolved.is_file():
-        raise ToolError(f"read_file: {path!r} is not a regular file")
-    max_bytes = max(1, int(max_bytes))
-    try:
-        with resolved.open("rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as exc:
-        raise ToolError(f"read_file cannot read {path!r}: {exc.strerror or exc}") from None
-    text = data[:max_bytes].decode("utf-8", errors="replace")
-    if len(data) > max_bytes:
-        size = resolved.stat().st_size
-        text += f"\n[truncated: showing the first {max_bytes} of {size} bytes]"
-    return text
-
-
 @tool(cacheable=True)
 def read_file(path: str, max_bytes: _ReadBytes = 200_000) -> str:
     """Read a text file under the allowed root directory.
@@ -87,8 +62,12 @@ def read_file(path: str, max_bytes: _ReadBytes = 200_000) -> str:
             inside the root).
         max_bytes: Read at most this many bytes; a longer file is truncated with a note.
     """
-    # The root is $AGENTBATCH_FILE_ROOT, else the working directory at call time.
-    return read_confined(os.environ.get(FILE_ROOT_ENV) or os.getcwd(), path, max_bytes)
+    # No default root: a worker's working directory is often "/" (systemd), which would
+    # hand the model every file the worker can read.
+    root = os.environ.get(FILE_ROOT_ENV, "").strip()
+    if not root:
+        raise ToolError(_NO_ROOT)
+    return read_confined(root, path, max_bytes)
 
 
 def read_file_tool(root: str | Path) -> Tool:
@@ -110,7 +89,7 @@ async def http_get(url: str, max_bytes: _HttpBytes = 100_000) -> str:
     """Fetch a URL with HTTP GET; returns the status line, then the body as text.
 
     Args:
-        url: An http:// or https:// URL.
+        url: An http:// or https:// URL of a public host.
         max_bytes: Return at most this many bytes of the body; a longer body is truncated.
     """
     try:
@@ -131,12 +110,16 @@ async def http_get(url: str, max_bytes: _HttpBytes = 100_000) -> str:
 
 async def _fetch(url: httpx.URL, max_bytes: int) -> str:
     body = bytearray()
-    client = httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=True)
-    async with client, client.stream("GET", url) as response:
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > max_bytes:
-                break
+    client = public_client(HTTP_TIMEOUT)
+    async with client:
+        response, _ = await fetch_public(client, url, http_allowlist())
+        try:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    break
+        finally:
+            await response.aclose()
         status = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
         content_type = response.headers.get("content-type", "")
         encoding = response.charset_encoding or "utf-8"

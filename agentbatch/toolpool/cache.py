@@ -2,11 +2,13 @@
 
 The protocol is async so a Redis-backed cache shared by a fleet of workers can implement it;
 ``TTLCache`` is the in-process default: bounded (LRU) so a 10,000-agent batch cannot grow it
-without limit, and with a TTL so stale answers age out.
+without limit, and with a TTL so stale answers age out. It is thread-safe: embedded batches run
+on their own threads and share one cache for ``share="fleet"`` tools.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,7 +19,7 @@ __all__ = ["ResultCache", "TTLCache"]
 
 @runtime_checkable
 class ResultCache(Protocol):
-    """Maps a call key ("name:canonical-args") to the tool's text result."""
+    """Maps a call key (``ToolPool.call_key``: scope, tool identity, arguments) to its text."""
 
     async def get(self, key: str) -> str | None: ...
 
@@ -35,6 +37,7 @@ class TTLCache:
         self.ttl = ttl  # default when ``set`` gets none; None = no expiry
         self._clock = clock
         self._data: OrderedDict[str, tuple[str, float | None]] = OrderedDict()
+        self._lock = threading.Lock()
 
     async def get(self, key: str) -> str | None:
         return self.get_nowait(key)
@@ -44,27 +47,30 @@ class TTLCache:
 
     def get_nowait(self, key: str) -> str | None:
         """The value, or None if absent or expired; a hit becomes the most recently used."""
-        entry = self._data.get(key)
-        if entry is None:
-            return None
-        value, expires = entry
-        if expires is not None and self._clock() >= expires:
-            del self._data[key]
-            return None
-        self._data.move_to_end(key)
-        return value
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            value, expires = entry
+            if expires is not None and self._clock() >= expires:
+                del self._data[key]
+                return None
+            self._data.move_to_end(key)
+            return value
 
     def set_nowait(self, key: str, value: str, ttl: float | None = None) -> None:
         """Store ``value``; evicts the least recently used entries beyond ``max_entries``."""
         ttl = self.ttl if ttl is None else ttl
         expires = None if ttl is None else self._clock() + ttl
-        self._data[key] = (value, expires)
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        with self._lock:
+            self._data[key] = (value, expires)
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
 
     def clear(self) -> None:
-        self._data.clear()
+        with self._lock:
+            self._data.clear()
 
     def __len__(self) -> int:
         return len(self._data)

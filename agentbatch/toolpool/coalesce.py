@@ -5,6 +5,9 @@ Thousands of agents running the same task often issue the same call at the same 
 the one that started it included, waits on it through ``asyncio.shield``. So a caller that is
 cancelled or times out only stops *its own* wait: the execution and the other callers carry
 on, and a failure of the execution reaches every caller as that error, never as a hang.
+
+The execution is handed the ``Lease`` it runs under (its fencing token, and whether it still
+leads), so a tool with side effects can refuse to act once another worker has taken over.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from ..errors import ToolError
+from .context import Lease, LocalLease
 
-__all__ = ["Coalescer", "InflightCoalescer", "NoCoalescing"]
+__all__ = ["Coalescer", "InflightCoalescer", "NoCoalescing", "Thunk"]
+
+Thunk = Callable[[Lease], Awaitable[str]]  # the execution, given the lease it runs under
 
 
 @runtime_checkable
@@ -24,10 +30,12 @@ class Coalescer(Protocol):
 
     Returns ``(result, shared)``; ``shared`` is True when this caller got the result of an
     execution someone else started. An exception from the execution is raised to every caller.
-    Cancelling one caller must never cancel the execution for the others.
+    Cancelling one caller must never cancel the execution for the others. ``lock_ttl`` is how
+    long (seconds) a leader that stops renewing keeps the call (None: the coalescer's default).
     """
 
-    async def run(self, key: str, thunk: Callable[[], Awaitable[str]]) -> tuple[str, bool]: ...
+    async def run(self, key: str, thunk: Thunk, *,
+                  lock_ttl: float | None = None) -> tuple[str, bool]: ...
 
 
 class InflightCoalescer:
@@ -37,7 +45,8 @@ class InflightCoalescer:
         self._inflight: dict[str, asyncio.Task[str]] = {}
         self._waiters: dict[str, int] = {}
 
-    async def run(self, key: str, thunk: Callable[[], Awaitable[str]]) -> tuple[str, bool]:
+    async def run(self, key: str, thunk: Thunk, *,
+                  lock_ttl: float | None = None) -> tuple[str, bool]:
         task = self._inflight.get(key)
         shared = task is not None and not task.done()
         if not shared:
@@ -68,9 +77,9 @@ class InflightCoalescer:
         """How many distinct executions are running."""
         return len(self._inflight)
 
-    async def _execute(self, key: str, thunk: Callable[[], Awaitable[str]]) -> str:
+    async def _execute(self, key: str, thunk: Thunk) -> str:
         try:
-            return await thunk()
+            return await thunk(LocalLease())
         finally:
             # Cleared synchronously with completion: a call arriving afterwards runs fresh.
             if self._inflight.get(key) is asyncio.current_task():
@@ -87,8 +96,9 @@ class InflightCoalescer:
 class NoCoalescing:
     """Every call executes on its own (for tools or tests that must not share executions)."""
 
-    async def run(self, key: str, thunk: Callable[[], Awaitable[str]]) -> tuple[str, bool]:
-        return await thunk(), False
+    async def run(self, key: str, thunk: Thunk, *,
+                  lock_ttl: float | None = None) -> tuple[str, bool]:
+        return await thunk(LocalLease()), False
 
 
 def _caller_cancelled() -> bool:

@@ -9,14 +9,19 @@ join or start the shared execution of identical in-flight calls. The shared exec
 for the tool's rate limit, runs the function (sync functions in a worker thread) under the
 tool's timeout, and caches successes. Errors are never cached.
 
-Coalesced executions run with the *leader's* ``ToolContext`` (the caller that started them):
-identical calls from other agents share that single execution and its idempotency key.
+Who may share an execution (``call_key``): calls from different agents only for tools declared
+safe to share (``cacheable`` or ``coalesce``), and then only within one batch unless the tool
+says ``share="fleet"``. Every other call is keyed by its own idempotency key, so only duplicate
+deliveries of that same call merge. Keys name the tool by its identity (import path +
+version), never by its model-facing name. A shared execution runs with the *leader's*
+``ToolContext`` (the caller that started it), carrying the lease's fencing token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,9 +33,10 @@ from ..errors import BatchSpecError, ToolError
 from ..model_io import ToolCall, ToolOutcome
 from .cache import ResultCache, TTLCache
 from .coalesce import Coalescer, InflightCoalescer
-from .context import ToolContext
+from .context import Lease, ToolContext
 from .ratelimit import TokenBucket
 from .schema import ArgumentsInvalid, ValidatedArgs
+from .sync_runner import run_sync
 from .tool import Tool, resolve_tool
 
 __all__ = ["ToolPool", "to_text"]
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 
 _UNKNOWN = "(unknown tool)"
 _COUNTERS = ("calls", "executions", "cache_hits", "coalesced", "errors", "timeouts")
+# Results of share="fleet" tools, for pools given no fleet-wide cache: in one process, the
+# process is the fleet (embedded batches share them as distributed workers share Redis).
+_PROCESS_CACHE = TTLCache(max_entries=10_000)
 
 
 class ToolPool:
@@ -46,7 +55,9 @@ class ToolPool:
 
     ``coalescer`` defaults to an in-process ``InflightCoalescer`` and ``cache`` to an in-process
     ``TTLCache``; pass Redis-backed implementations to share them across a worker fleet.
-    ``tools`` may also hold "module:attr" import paths (how workers rebuild the pool).
+    ``fleet_cache`` holds the results of ``share="fleet"`` tools (default: one cache for the
+    whole process). ``tools`` may also hold "module:attr" import paths (how workers rebuild
+    the pool).
     """
 
     def __init__(
@@ -55,6 +66,7 @@ class ToolPool:
         *,
         coalescer: Coalescer | None = None,
         cache: ResultCache | None = None,
+        fleet_cache: ResultCache | None = None,
         cache_ttl: float = 3600.0,
         default_timeout: float | None = None,
     ) -> None:
@@ -72,6 +84,7 @@ class ToolPool:
         self.cache_ttl = cache_ttl
         self._coalescer: Coalescer = coalescer if coalescer is not None else InflightCoalescer()
         self._cache: ResultCache = cache if cache is not None else TTLCache(ttl=cache_ttl)
+        self._fleet_cache: ResultCache = fleet_cache if fleet_cache is not None else _PROCESS_CACHE
         self._buckets = {
             t.name: TokenBucket(t.rate_limit) for t in self._tools.values() if t.rate_limit
         }
@@ -104,9 +117,19 @@ class ToolPool:
         """OpenAI tool schemas in the order the tools were given (part of the cached prefix)."""
         return [t.openai_schema() for t in self._tools.values()]
 
-    def call_key(self, tool: Tool, args: ValidatedArgs) -> str:
-        """The cache and coalescing key: the same call from any agent gives the same key."""
-        return f"{tool.name}:{args.canonical}"
+    def call_key(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext) -> str:
+        """The cache and coalescing key: calls with equal keys may share one execution.
+
+        Safe-to-share tools: the same arguments from any agent of the batch (of the fleet with
+        ``share="fleet"``). Any other tool: only this very call (its idempotency key).
+        """
+        if not tool.shares_calls:
+            scope = f"call:{ctx.idempotency_key}"
+        elif tool.share == "fleet":
+            scope = "fleet"
+        else:
+            scope = f"batch:{ctx.batch_id}"
+        return json.dumps([scope, tool.identity, args.canonical], separators=(",", ":"))
 
     def stats(self) -> dict[str, Any]:
         """Counters (totals plus ``by_tool``): calls, executions, cache_hits, coalesced, ..."""
@@ -177,25 +200,26 @@ class ToolPool:
     async def _resolve(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext,
                        state: dict[str, bool]) -> tuple[str, bool, bool]:
         """(text, served from cache, shared another caller's execution)."""
-        key = self.call_key(tool, args)
+        key = self.call_key(tool, args, ctx)
+        cache = self._fleet_cache if tool.share == "fleet" else self._cache
         if tool.cacheable:
-            hit = await self._cache_get(key)
+            hit = await self._cache_get(cache, key)
             if hit is not None:
                 return hit, True, False
 
-        async def execute() -> str:
+        async def execute(lease: Lease) -> str:
             state["started"] = True
             if tool.cacheable:  # an identical call may have filled the cache meanwhile
-                hit = await self._cache_get(key)
+                hit = await self._cache_get(cache, key)
                 if hit is not None:
                     state["cached"] = True
                     return hit
-            text = await self._execute(tool, args, ctx)
+            text = await self._execute(tool, args, ctx.under(lease))
             if tool.cacheable:
-                await self._cache_set(key, text)
+                await self._cache_set(cache, key, text)
             return text
 
-        text, shared = await self._coalescer.run(key, execute)
+        text, shared = await self._coalescer.run(key, execute, lock_ttl=tool.lock_ttl)
         return text, state.get("cached", False) and not shared, shared
 
     async def _execute(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext) -> str:
@@ -216,16 +240,17 @@ class ToolPool:
         except asyncio.TimeoutError:
             raise _ExecutionTimeout(_timeout_message(tool.name, limit)) from None
 
-    async def _cache_get(self, key: str) -> str | None:
+    @staticmethod
+    async def _cache_get(cache: ResultCache, key: str) -> str | None:
         try:
-            return await self._cache.get(key)
+            return await cache.get(key)
         except Exception:  # a cache outage degrades to executing, not to failing
             log.warning("tool cache get failed", exc_info=True)
             return None
 
-    async def _cache_set(self, key: str, value: str) -> None:
+    async def _cache_set(self, cache: ResultCache, key: str, value: str) -> None:
         try:
-            await self._cache.set(key, value, self.cache_ttl)
+            await cache.set(key, value, self.cache_ttl)
         except Exception:
             log.warning("tool cache set failed", exc_info=True)
 
@@ -253,7 +278,7 @@ async def _invoke(tool: Tool, kwargs: dict[str, Any]) -> str:
         if tool.is_async:
             result = await tool.fn(**kwargs)
         else:
-            result = await asyncio.to_thread(tool.fn, **kwargs)
+            result = await run_sync(tool.fn, **kwargs)  # daemon thread: see sync_runner
             if inspect.isawaitable(result):
                 result = await result
         return to_text(result)

@@ -4,6 +4,11 @@ Identical calls on any worker run once: the first caller takes a lock keyed by t
 runs it, stores the outcome briefly and publishes a note; the others wait on that note
 (pub/sub, no polling). A leader that dies stops renewing its lock; when it expires a waiter
 takes over, so no call waits forever.
+
+That makes execution at-least-once: a leader that was only paused (GC, SIGSTOP, VM freeze)
+past its lock wakes up still running. Taking the lock also takes the next fencing token
+(``INCR`` on a per-call counter), and ``RedisLease.still_held`` checks the lock, so the tool
+can tell it has been superseded (see ``ToolContext.still_leader``).
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ToolError
-from ..state.keys import TOOL_DONE_CHANNEL, tool_cache, tool_lock, tool_result
+from ..state.keys import TOOL_DONE_CHANNEL, tool_cache, tool_fence, tool_lock, tool_result
 from ..state.scripts import Scripts
+from .coalesce import Thunk
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,23 @@ class DoneHub:
                 del self._waiters[note]
 
 
+class RedisLease:
+    """Leadership of one call: our lock token and the fencing token taken with it."""
+
+    def __init__(self, client: Any, key_hash: str, token: str, fencing_token: int) -> None:
+        self._r = client
+        self._lock = tool_lock(key_hash)
+        self.token = token
+        self.fencing_token = fencing_token
+        self.lost = False  # set when a renewal found the lock gone or taken
+
+    async def still_held(self) -> bool:
+        """Whether the lock still carries our token (asks Redis: a pause is invisible here)."""
+        held = await self._r.get(self._lock) == self.token
+        self.lost |= not held
+        return held
+
+
 class RedisCoalescer:
     """Implements the ``Coalescer`` protocol across every worker sharing one Redis."""
 
@@ -86,38 +108,42 @@ class RedisCoalescer:
         self._r = client
         self._s = scripts
         self._hub = hub
-        self.lock_ttl_ms = lock_ttl_ms
+        self.lock_ttl_ms = lock_ttl_ms  # default; a tool's ``lock_ttl`` overrides it per call
         self.result_ttl_s = result_ttl_s
 
-    async def run(self, key: str, thunk: Callable[[], Awaitable[str]]) -> tuple[str, bool]:
+    async def run(self, key: str, thunk: Thunk, *,
+                  lock_ttl: float | None = None) -> tuple[str, bool]:
         h = key_hash(key)
         token = uuid.uuid4().hex
+        ttl_ms = self.lock_ttl_ms if lock_ttl is None else max(int(lock_ttl * 1000), 1)
         while True:
-            lead, leader, pttl = await self._s.tool_lead(keys=[tool_lock(h)],
-                                                         args=[token, self.lock_ttl_ms])
+            lead, leader, pttl, fence = await self._s.tool_lead(
+                keys=[tool_lock(h), tool_fence(h)], args=[token, ttl_ms])
             if int(lead) == 1:
-                return await self._lead(h, token, thunk), False
+                lease = RedisLease(self._r, h, token, int(fence))
+                return await self._lead(h, lease, ttl_ms, thunk), False
             if not leader:
                 continue  # the lock vanished between SET and GET: try again
-            payload = await self._wait(h, leader, max(int(pttl), 100))
+            payload = await self._wait(h, leader, max(int(pttl), 100), ttl_ms)
             if payload is not None:
                 if payload["ok"]:
                     return payload["text"], True
                 raise ToolError(payload["error"])
-            # the leader's lock expired without an outcome: it died; try to lead
+            # the leader's lock expired without an outcome: it died or stalled; try to lead
 
-    async def _lead(self, h: str, token: str, thunk: Callable[[], Awaitable[str]]) -> str:
+    async def _lead(self, h: str, lease: RedisLease, ttl_ms: int, thunk: Thunk) -> str:
         # The shared run is its own task: a leader whose caller is cancelled must not
         # cancel the run for the other workers' waiters.
-        task = asyncio.ensure_future(self._lead_run(h, token, thunk))
+        task = asyncio.ensure_future(self._lead_run(h, lease, ttl_ms, thunk))
         return await asyncio.shield(task)
 
-    async def _lead_run(self, h: str, token: str, thunk: Callable[[], Awaitable[str]]) -> str:
-        renewer = asyncio.create_task(self._renew(h, token))
+    async def _lead_run(self, h: str, lease: RedisLease, ttl_ms: int, thunk: Thunk) -> str:
+        token = lease.token
+        renewer = asyncio.create_task(self._renew(h, lease, ttl_ms))
         payload: dict[str, Any] = {"ok": False,
                                    "error": "the shared tool execution was interrupted"}
         try:
-            text = await thunk()
+            text = await thunk(lease)
             payload = {"ok": True, "text": text}
             return text
         except ToolError as exc:
@@ -134,13 +160,22 @@ class RedisCoalescer:
                   f"{h}:{token}"],
         )
 
-    async def _renew(self, h: str, token: str) -> None:
-        while True:
-            await asyncio.sleep(self.lock_ttl_ms / 3000)
-            with contextlib.suppress(Exception):
-                await self._s.lock_renew(keys=[tool_lock(h)], args=[token, self.lock_ttl_ms])
+    async def _renew(self, h: str, lease: RedisLease, ttl_ms: int) -> None:
+        """Keep the lock while the tool runs; a lock found lost is logged, never re-taken."""
+        while not lease.lost:
+            await asyncio.sleep(ttl_ms / 3000)
+            try:
+                held = await self._s.lock_renew(keys=[tool_lock(h)], args=[lease.token, ttl_ms])
+            except Exception:  # a Redis blip: the next renewal may still be in time
+                log.warning("tool lock renewal failed", exc_info=True)
+                continue
+            if not int(held):
+                lease.lost = True
+                log.warning("tool call %s: lock lost while running (fencing token %d); "
+                            "another worker may run it too", h[:12], lease.fencing_token)
 
-    async def _wait(self, h: str, leader: str, pttl_ms: int) -> dict[str, Any] | None:
+    async def _wait(self, h: str, leader: str, pttl_ms: int,
+                    ttl_ms: int) -> dict[str, Any] | None:
         note = f"{h}:{leader}"
         fut = await self._hub.expect(note)  # subscribe before looking: no lost wake-up
         try:
@@ -150,7 +185,7 @@ class RedisCoalescer:
                     await asyncio.wait_for(asyncio.shield(fut), pttl_ms / 1000 + 0.5)
                 raw = await self._r.get(tool_result(h, leader))
                 if raw is None and await self._r.get(tool_lock(h)) == leader:
-                    return await self._wait(h, leader, self.lock_ttl_ms)  # renewed: keep waiting
+                    return await self._wait(h, leader, ttl_ms, ttl_ms)  # renewed: keep waiting
         finally:
             self._hub.forget(note, fut)
         return json.loads(raw) if raw else None

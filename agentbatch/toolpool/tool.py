@@ -8,6 +8,7 @@ distributed runs a worker process cannot receive the function itself, so each To
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
 import inspect
 import math
@@ -15,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, Literal, overload
 
 from ..errors import BatchSpecError
 from .context import ToolContext
@@ -24,6 +25,9 @@ from .schema import ArgSpec, build_arg_spec
 __all__ = ["Tool", "ToolContext", "is_async_callable", "resolve_tool", "tool"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI and Anthropic APIs accept
+_SHARES = ("batch", "fleet")
+
+Share = Literal["batch", "fleet"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,12 @@ class Tool:
     Built by ``@tool`` (which derives ``parameters`` and ``description`` from the signature and
     docstring) or directly, in which case missing ``parameters``/``description`` are derived the
     same way. Arguments are always validated against the function's signature.
+
+    Sharing: only tools declared safe to share merge calls from different agents
+    (``cacheable=True``, or ``coalesce=True`` for read-only tools whose results must not be
+    cached); every other call runs once per agent call. ``share`` is how far sharing reaches:
+    one batch (default) or the whole fleet. ``identity`` (import path + version) names the
+    tool in cache and coalescing keys, never its model-facing name.
     """
 
     name: str
@@ -44,6 +54,11 @@ class Tool:
     timeout: float | None = None  # seconds per execution
     import_path: str | None = None  # "module:attr" a worker process re-imports this Tool from
     spec: ArgSpec = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    version: str | None = None  # explicit version; None = a hash of signature and source
+    coalesce: bool = False  # read-only: concurrent identical calls may share one execution
+    share: Share = "batch"  # how far cache and coalescing reach: one batch, or the fleet
+    lock_ttl: float | None = None  # seconds a stalled leader keeps a call; None: pool default
+    identity: str = field(init=False, default="", compare=False)  # "path@version"
 
     # Built-in tools, attached by ``agentbatch.toolpool.builtins`` (avoids a circular import).
     read_file: ClassVar[Tool]
@@ -57,7 +72,20 @@ class Tool:
             )
         if not callable(self.fn):
             raise BatchSpecError(f"tool {self.name!r}: fn is not callable")
-        for label, value in (("rate_limit", self.rate_limit), ("timeout", self.timeout)):
+        if self.share not in _SHARES:
+            raise BatchSpecError(
+                f"tool {self.name!r}: share must be 'batch' or 'fleet', not {self.share!r}"
+            )
+        if self.share == "fleet" and not self.shares_calls:
+            raise BatchSpecError(
+                f"tool {self.name!r}: share='fleet' needs cacheable=True or coalesce=True "
+                "(a tool with side effects never shares calls)"
+            )
+        if self.version is not None and (not isinstance(self.version, str) or not self.version):
+            raise BatchSpecError(f"tool {self.name!r}: version must be a non-empty string")
+        limits = (("rate_limit", self.rate_limit), ("timeout", self.timeout),
+                  ("lock_ttl", self.lock_ttl))
+        for label, value in limits:
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise BatchSpecError(f"tool {self.name!r}: {label} must be a positive number")
         spec = self.spec if self.spec is not None else build_arg_spec(self.fn, name=self.name)
@@ -68,8 +96,16 @@ class Tool:
             raise BatchSpecError(f"tool {self.name!r}: parameters must be an object JSON schema")
         if not self.description:
             object.__setattr__(self, "description", spec.description)
+        version = self.version or _code_version(self.fn)
+        object.__setattr__(self, "identity", f"{self.import_path or _identity_path(self.fn)}"
+                                             f"@{version}")
         object.__setattr__(self, "__wrapped__", self.fn)  # inspect.signature(tool) shows fn's
         object.__setattr__(self, "__doc__", getattr(self.fn, "__doc__", None))
+
+    @property
+    def shares_calls(self) -> bool:
+        """Whether calls from different agents may share one execution (declared safe)."""
+        return self.cacheable or self.coalesce
 
     @property
     def is_async(self) -> bool:
@@ -96,8 +132,17 @@ class Tool:
         # by path when there is one, else rebuild from the (picklable) function.
         if self.import_path:
             return resolve_tool, (self.import_path,)
-        return Tool, (self.name, self.fn, self.description, self.parameters, self.cacheable,
-                      self.rate_limit, self.timeout, None)
+        return _rebuild, (self.name, self.fn, {
+            "description": self.description, "parameters": self.parameters,
+            "cacheable": self.cacheable, "rate_limit": self.rate_limit, "timeout": self.timeout,
+            "version": self.version, "coalesce": self.coalesce, "share": self.share,
+            "lock_ttl": self.lock_ttl,
+        })
+
+
+def _rebuild(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Tool:
+    """Unpickle a Tool that has no import path (keyword arguments: field order may change)."""
+    return Tool(name, fn, **options)
 
 
 @overload
@@ -108,19 +153,26 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 def tool(
     fn: None = None, /, *, name: str | None = None, cacheable: bool = False,
     rate_limit: float | None = None, timeout: float | None = None,
-    description: str | None = None,
+    description: str | None = None, version: str | None = None, coalesce: bool = False,
+    share: Share = "batch", lock_ttl: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
     fn: Callable[..., Any] | None = None, /, *, name: str | None = None, cacheable: bool = False,
     rate_limit: float | None = None, timeout: float | None = None,
-    description: str | None = None,
+    description: str | None = None, version: str | None = None, coalesce: bool = False,
+    share: Share = "batch", lock_ttl: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a sync or async function into a ``Tool``; use as ``@tool`` or ``@tool(...)``.
 
     A parameter annotated ``ToolContext`` receives the call's context and is hidden from the
-    model. ``cacheable=True`` promises the result depends only on the arguments.
+    model. ``cacheable=True`` promises the result depends only on the arguments (results are
+    cached and identical calls merged); ``coalesce=True`` merges identical concurrent calls of
+    a read-only tool without caching. Without either, every call runs on its own. Sharing stays
+    within one batch unless ``share="fleet"``. ``version`` changes the tool's identity (the
+    default is a hash of its signature and source); ``lock_ttl`` is how long a worker that
+    stops renewing keeps a call before another may take it over.
     """
     # The decorating scope's locals resolve string annotations of nested functions under
     # ``from __future__ import annotations`` (e.g. a model class defined in the same function).
@@ -145,6 +197,10 @@ def tool(
             timeout=timeout,
             import_path=_import_path(f),
             spec=spec,
+            version=version,
+            coalesce=coalesce,
+            share=share,
+            lock_ttl=lock_ttl,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -194,3 +250,34 @@ def _import_path(fn: Callable[..., Any]) -> str | None:
     if not module or not qualname or "<" in qualname or "." in qualname:
         return None
     return f"{module}:{qualname}"
+
+
+def _identity_path(fn: Callable[..., Any]) -> str:
+    """Where ``fn`` lives, for a Tool with no import path.
+
+    Nested functions, lambdas and callable objects get their object id too: two closures with
+    the same code may capture different state (``read_file_tool(root)``), so they are
+    different tools.
+    """
+    path = _import_path(fn)
+    if path is not None:
+        return path
+    target = fn if inspect.isroutine(fn) else type(fn)
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{qualname}#{id(fn):x}"
+
+
+def _code_version(fn: Callable[..., Any]) -> str:
+    """A short hash of the signature and source: editing the tool changes its identity."""
+    target = fn if inspect.isroutine(fn) else type(fn).__call__
+    try:
+        signature = str(inspect.signature(target))
+    except (TypeError, ValueError):
+        signature = "?"
+    try:
+        body = inspect.getsource(target)
+    except (OSError, TypeError):  # no source file (REPL, frozen): the bytecode stands in
+        code = getattr(target, "__code__", None)
+        body = repr((code.co_code, code.co_consts)) if code is not None else repr(target)
+    return hashlib.sha256(f"{signature}\n{body}".encode()).hexdigest()[:16]

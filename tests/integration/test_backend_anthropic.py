@@ -162,6 +162,8 @@ async def backend(
     server: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[AnthropicBackend]:
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    # Not the official host: the key goes here only because it is named for this host.
+    monkeypatch.setenv("AGENTBATCH_API_KEYS", f'{{"127.0.0.1:{server.port}": "ANTHROPIC_API_KEY"}}')
     b = backend_from_url(f"anthropic://127.0.0.1:{server.port}", timeout=30)
     assert isinstance(b, AnthropicBackend)
     yield b

@@ -34,7 +34,7 @@ async def fetch(key: str) -> str:
     return f"data for {key}"
 
 
-@tool
+@tool(coalesce=True)  # read-only: only tools declared safe to share merge agents' calls
 async def fetch_slowly(key: str) -> str:
     """Fetch slowly, so every agent's first turn lands inside the one execution.
 

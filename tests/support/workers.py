@@ -30,6 +30,7 @@ class WorkerProcess:
             "AGENTBATCH_SWEEP_INTERVAL_S": "0.5",
             "AGENTBATCH_LEASE_TTL_S": "3",
             "AGENTBATCH_QUEUE_GRACE_S": "5",
+            "AGENTBATCH_WORKER_IMPORTS": "tests.support,agentbatch.toolpool.builtins",
             **(env or {}),
         }
         self.log_path = Path(tempfile.mkstemp(prefix=f"agentbatch-{name}-", suffix=".log")[1])

@@ -185,6 +185,7 @@ def test_each_worker_pool_has_a_scaledobject_with_one_trigger_per_priority_list(
             refs = {r["parameter"]: (r["name"], r["key"])
                     for r in auth["spec"]["secretTargetRef"]}
             assert refs["password"] in secret_keys()
+            assert refs["username"] == ("agentbatch-redis", "keda-username")
         # the formula adds up every trigger, so the HPA scales on the whole backlog
         modifiers = so["spec"]["advanced"]["scalingModifiers"]
         names = [t["name"] for t in triggers]
@@ -285,7 +286,9 @@ def test_k8s_redis_persists_to_a_claimed_volume_with_the_password_from_a_secret(
     claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
     assert mounts["data"] == k8s_redis_conf()["dir"] and "data" in claims
     argv = container_argv(container)
-    assert argv[argv.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert "--requirepass" not in argv  # the default user's password is in the ACL file
+    assert "--aclfile /run/redis-acl/users.acl" in argv[-1]
+    assert mounts["acl"] == "/run/redis-acl"
     assert "REDIS_PASSWORD" in env_names(container)
     assert sts["spec"]["serviceName"] in k8s_objects("Service")
 
@@ -296,8 +299,10 @@ def test_compose_redis_uses_the_conf_a_volume_and_a_password_from_the_env():
     data = [v for v in redis_svc["volumes"] if v.endswith(":/data")]
     assert data and data[0].split(":")[0] in compose()["volumes"]  # a named volume
     command = redis_svc["command"]
-    assert command[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
-    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD")
+    assert command[:2] == ["sh", "-c"] and "--requirepass" not in command[2]
+    assert "redis-server /usr/local/etc/redis/redis.conf --aclfile /data/users.acl" \
+        in command[2]
+    assert redis_svc["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD")
 
 
 # --- workers ------------------------------------------------------------------------------
@@ -325,8 +330,9 @@ def test_compose_workers_use_existing_queues_and_every_service_has_a_healthcheck
 def test_compose_flower_and_env_example():
     flower = compose()["services"]["flower"]
     command = " ".join(flower["command"])
-    assert "celery -A agentbatch.workers flower --port=5555" in command
-    assert "--broker" not in command  # the Redis password must not be in the argv
+    assert command == "agentbatch flower --port 5555 --address 0.0.0.0"
+    assert "--broker" not in command and "--redis-url" not in command  # no password in argv
+    assert flower["ports"] == ["127.0.0.1:${FLOWER_HOST_PORT:-5555}:5555"]
     assert flower["environment"]["AGENTBATCH_REDIS_URL"].startswith("redis://")
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH")
     assert "args" in flower["environment"]["FLOWER_TASKS_COLUMNS"].split(",")
@@ -335,7 +341,8 @@ def test_compose_flower_and_env_example():
     required = set(re.findall(r"\$\{(\w+):\?", text))
     example = {line.split("=", 1)[0] for line in (COMPOSE / ".env.example").read_text()
                .splitlines() if "=" in line and not line.startswith("#")}
-    assert required == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+    assert required == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH", "REDIS_WORKER_PASSWORD",
+                        "REDIS_FLOWER_PASSWORD", "REDIS_SUBMITTER_PASSWORD"}
     assert required <= example
     assert ".env" in (COMPOSE / ".gitignore").read_text().split()
 
@@ -422,8 +429,8 @@ def test_flower_deployment_uses_basic_auth_from_a_secret_and_a_service():
     flower = k8s_objects("Deployment")["flower"]
     container = pod_containers(flower)[0]
     argv = container_argv(container)
-    assert argv[:3] == ["celery", "-A", "agentbatch.workers"]
-    assert "flower" in argv and "--port=5555" in argv
+    assert argv[:2] == ["agentbatch", "flower"]  # auth required, no silent broker default
+    assert option(argv, "--port") == "5555" and option(argv, "--address") == "0.0.0.0"
     env = {e["name"]: e for e in container["env"]}
     assert env["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == "agentbatch-flower"
     assert "FLOWER_UNAUTHENTICATED_API" not in env
@@ -436,3 +443,148 @@ def test_flower_deployment_uses_basic_auth_from_a_secret_and_a_service():
 def test_batch_option_defaults_used_above_exist():
     names = {f.name for f in dataclasses.fields(BatchOptions)}
     assert {"timeout_per_turn", "timeout_per_tool"} <= names
+
+
+# --- Redis ACL users: one template (deploy/redis-users.acl), used everywhere --------------
+
+DEPLOY = REPO / "deploy"
+ROLE_USERS = {"ADMIN": "default", "SUBMITTER": "agentbatch-submitter",
+              "WORKER": "agentbatch-worker", "FLOWER": "agentbatch-flower",
+              "KEDA": "agentbatch-keda"}
+
+
+def acl_rules() -> dict[str, str]:
+    """User name -> its rule line, from the template."""
+    return {line.split()[1]: line for line in (DEPLOY / "redis-users.acl").read_text()
+            .splitlines() if line.startswith("user ")}
+
+
+def url_user(url: str) -> str:
+    return url.split("://", 1)[1].split(":", 1)[0]
+
+
+def env_value(container: dict[str, Any], name: str) -> str:
+    return next(e["value"] for e in container["env"] if e["name"] == name)
+
+
+def render_acl(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    out = Path(tempfile.mkdtemp(prefix="agentbatch-acl-")) / "users.acl"
+    return subprocess.run(["sh", str(DEPLOY / "render-redis-acl.sh"),
+                           str(DEPLOY / "redis-users.acl"), str(out)],
+                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_the_acl_template_has_each_role_least_privilege_and_k8s_carries_it_verbatim():
+    rules = acl_rules()
+    assert set(rules) == set(ROLE_USERS.values())
+    for user, line in rules.items():
+        assert f"><{next(r for r, u in ROLE_USERS.items() if u == user)}_PASSWORD>" in line
+        if user != "default":
+            for rule in ("resetkeys", "resetchannels", "-@all"):
+                assert f" {rule} " in f" {line} ", (user, rule)
+            if "+@" in line:  # categories granted: the dangerous ones taken back
+                assert " -@dangerous -@admin " in line, user
+            assert " ~* " not in line and "+@all" not in line and " &* " not in line
+    data = k8s_objects("ConfigMap")["redis-config"]["data"]
+    assert data["users.acl.template"] == (DEPLOY / "redis-users.acl").read_text()
+    assert data["render-redis-acl.sh"] == (DEPLOY / "render-redis-acl.sh").read_text()
+
+
+def test_redis_loads_the_acl_file_with_a_password_for_each_role():
+    redis_svc = compose()["services"]["redis"]
+    assert "../deploy/redis-users.acl:/usr/local/etc/redis/users.acl.template:ro" \
+        in redis_svc["volumes"]
+    assert "../deploy/render-redis-acl.sh:/usr/local/etc/redis/render-redis-acl.sh:ro" \
+        in redis_svc["volumes"]
+    assert "render-redis-acl.sh /usr/local/etc/redis/users.acl.template /data/users.acl" \
+        in redis_svc["command"][2]
+    # compose runs no KEDA: its user is left out of the rendered file
+    assert set(redis_svc["environment"]) >= {"REDIS_PASSWORD", "REDIS_SUBMITTER_PASSWORD",
+                                             "REDIS_WORKER_PASSWORD", "REDIS_FLOWER_PASSWORD"}
+    sts = k8s_objects("StatefulSet")["redis"]
+    container = pod_containers(sts)[0]
+    assert "render-redis-acl.sh /etc/redis/users.acl.template /run/redis-acl/users.acl" \
+        in container_argv(container)[-1]
+    names = {e["name"] for e in container["env"]}
+    assert names >= {"REDIS_PASSWORD", *(f"REDIS_{r}_PASSWORD" for r in ROLE_USERS
+                                         if r != "ADMIN")}
+    acl = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "acl")
+    assert acl["emptyDir"]["medium"] == "Memory"  # rendered passwords never touch a disk
+
+
+def test_every_redis_client_logs_in_as_its_own_acl_user():
+    rules = acl_rules()
+    services = compose()["services"]
+    deployments = k8s_objects("Deployment")
+    for name, user in (("inference-worker", "agentbatch-worker"),
+                       ("tool-worker", "agentbatch-worker"), ("flower", "agentbatch-flower")):
+        assert user in rules
+        assert url_user(services[name]["environment"]["AGENTBATCH_REDIS_URL"]) == user, name
+        container = pod_containers(deployments[name])[0]
+        assert url_user(env_value(container, "AGENTBATCH_REDIS_URL")) == user, name
+    secrets = {s["metadata"]["name"]: s["stringData"]
+               for s in load_all(K8S / "secret.example.yaml")}
+    assert secrets["agentbatch-redis"]["keda-username"] == "agentbatch-keda"
+
+
+def test_the_acl_renderer_fills_drops_and_refuses():
+    ok = render_acl({"REDIS_PASSWORD": "a1", "REDIS_WORKER_PASSWORD": "w-2.x_~"})
+    assert ok.returncode == 0, ok.stderr
+    out = Path(ok.args[-1])
+    text = out.read_text()
+    assert "#" not in text and "\n\n" not in text  # an ACL file has no comment syntax
+    assert {line.split()[1] for line in text.splitlines()} == {"default", "agentbatch-worker"}
+    assert ">a1 " in text and ">w-2.x_~ " in text and "_PASSWORD>" not in text
+    assert out.stat().st_mode & 0o077 == 0  # readable by its owner only
+    missing = render_acl({"REDIS_WORKER_PASSWORD": "w"})
+    assert missing.returncode != 0 and "REDIS_PASSWORD" in missing.stderr
+    bad = render_acl({"REDIS_PASSWORD": "a1", "REDIS_FLOWER_PASSWORD": "p/w&x"})
+    assert bad.returncode == 2 and "REDIS_FLOWER_PASSWORD" in bad.stderr
+    assert "p/w&x" not in bad.stderr
+
+
+@pytest.mark.redis
+def test_redis_server_starts_on_the_k8s_conf_with_the_rendered_acl():
+    """The k8s redis.conf plus the rendered ACL file, as the StatefulSet starts them."""
+    from tests.support.redis_server import free_port
+
+    passwords = {"REDIS_PASSWORD": "adm1n", "REDIS_WORKER_PASSWORD": "w0rker",
+                 "REDIS_KEDA_PASSWORD": "k3da"}
+    rendered = render_acl(passwords)
+    assert rendered.returncode == 0, rendered.stderr
+    data = Path(tempfile.mkdtemp(prefix="agentbatch-conf-acl-"))
+    port = free_port()
+    text = re.sub(r"(?m)^dir .*$", f"dir {data}", k8s_redis_conf_text())
+    (data / "redis.conf").write_text(text)
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server",
+                             str(data / "redis.conf"), "--port", str(port), "--bind",
+                             "127.0.0.1", "--aclfile", rendered.args[-1],
+                             "--logfile", str(data / "log")])
+    try:
+        admin = redis.Redis(port=port, password="adm1n", socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None, (data / "log").read_text()
+                time.sleep(0.05)
+        assert redis.Redis(port=port, username="agentbatch-worker", password="w0rker").ping()
+        keda = redis.Redis(port=port, username="agentbatch-keda", password="k3da")
+        assert keda.llen("inference") == 0
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            keda.get("ab:batches")
+        with pytest.raises(redis.AuthenticationError):  # no password given: no such user
+            redis.Redis(port=port, username="agentbatch-submitter", password="x",
+                        retry=Retry(NoBackoff(), 0)).ping()
+        with pytest.raises(redis.exceptions.RedisError):  # no anonymous access
+            redis.Redis(port=port, retry=Retry(NoBackoff(), 0)).get("ab:batches")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def k8s_redis_conf_text() -> str:
+    return k8s_objects("ConfigMap")["redis-config"]["data"]["redis.conf"]

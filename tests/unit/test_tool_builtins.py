@@ -100,14 +100,11 @@ def test_read_file_errors_and_truncation(root: Path) -> None:
     assert "[truncated: showing the first 4 of 104 bytes]" in text
 
 
-def test_read_file_defaults_to_working_directory(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_read_file_has_no_default_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FILE_ROOT_ENV)
     monkeypatch.chdir(root / "sub")
-    assert Tool.read_file("b.txt") == "beta"
-    with pytest.raises(ToolError, match="outside the allowed root"):
-        Tool.read_file("../a.txt")
+    with pytest.raises(ToolError, match="AGENTBATCH_FILE_ROOT"):
+        Tool.read_file("b.txt")
 
 
 def test_read_file_tool_with_explicit_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,6 +208,7 @@ def local_only(monkeypatch: pytest.MonkeyPatch) -> None:
                 "all_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("AGENTBATCH_HTTP_ALLOW", "127.0.0.1")  # loopback is refused by default
 
 
 @pytest.fixture

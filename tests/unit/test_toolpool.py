@@ -36,8 +36,12 @@ def call(name: str, i: int = 0, **arguments: Any) -> ToolCall:
     return ToolCall(id=f"call-{i}", name=name, arguments=arguments)
 
 
-def key(name: str, **arguments: Any) -> str:
-    return f"{name}:{canonical_json(arguments)}"
+def key(pool: ToolPool, name: str, **arguments: Any) -> str:
+    """The coalescing key of a call to ``name`` in batch-1 (shared by every agent for tools
+    declared safe to share)."""
+    t = pool.get(name)
+    assert t is not None
+    return pool.call_key(t, t.spec.validate(arguments, tool_name=name), ctx())
 
 
 async def until(predicate: Callable[[], bool], spins: int = 10_000) -> None:
@@ -50,7 +54,8 @@ async def until(predicate: Callable[[], bool], spins: int = 10_000) -> None:
 
 
 def gated_tool(name: str = "slow", *, fail: bool = False) -> tuple[Tool, dict[str, Any]]:
-    """An async tool that blocks until ``state['release']`` is set; records what happened."""
+    """An async read-only (``coalesce=True``) tool that blocks until ``state['release']`` is
+    set; records what happened."""
     state: dict[str, Any] = {
         "release": asyncio.Event(), "started": asyncio.Event(),
         "executions": 0, "finished": 0, "cancelled": 0,
@@ -69,7 +74,7 @@ def gated_tool(name: str = "slow", *, fail: bool = False) -> tuple[Tool, dict[st
             raise ValueError(f"boom {q}")
         return f"result:{q}"
 
-    return tool(name=name)(slow), state
+    return tool(name=name, coalesce=True)(slow), state
 
 
 # -- coalescing ----------------------------------------------------------------------------
@@ -79,7 +84,7 @@ async def test_fifty_identical_calls_execute_once() -> None:
     slow, state = gated_tool()
     pool = ToolPool([slow])
     tasks = [asyncio.create_task(pool.run(call("slow", i, q="x"), ctx(i))) for i in range(50)]
-    await until(lambda: pool.coalescer.waiters(key("slow", q="x")) == 50)
+    await until(lambda: pool.coalescer.waiters(key(pool, "slow", q="x")) == 50)
     state["release"].set()
     outcomes = await asyncio.gather(*tasks)
     assert state["executions"] == 1
@@ -95,7 +100,7 @@ async def test_leader_failure_reaches_every_waiter() -> None:
     slow, state = gated_tool(fail=True)
     pool = ToolPool([slow])
     tasks = [asyncio.create_task(pool.run(call("slow", i, q="x"), ctx(i))) for i in range(10)]
-    await until(lambda: pool.coalescer.waiters(key("slow", q="x")) == 10)
+    await until(lambda: pool.coalescer.waiters(key(pool, "slow", q="x")) == 10)
     state["release"].set()
     outcomes = await asyncio.gather(*tasks)
     assert state["executions"] == 1
@@ -107,7 +112,7 @@ async def test_leader_failure_reaches_every_waiter() -> None:
 async def test_cancelled_leader_caller_does_not_cancel_the_execution() -> None:
     slow, state = gated_tool()
     pool = ToolPool([slow])
-    k = key("slow", q="x")
+    k = key(pool, "slow", q="x")
     leader = asyncio.create_task(pool.run(call("slow", 0, q="x"), ctx(0)))
     await state["started"].wait()
     others = [asyncio.create_task(pool.run(call("slow", i, q="x"), ctx(i))) for i in range(1, 6)]
@@ -128,7 +133,7 @@ async def test_leader_caller_timeout_does_not_cancel_the_execution() -> None:
     leader = asyncio.create_task(pool.run(call("slow", 0, q="x"), ctx(0), timeout=0.01))
     await state["started"].wait()
     other = asyncio.create_task(pool.run(call("slow", 1, q="x"), ctx(1)))
-    await until(lambda: pool.coalescer.waiters(key("slow", q="x")) == 2)
+    await until(lambda: pool.coalescer.waiters(key(pool, "slow", q="x")) == 2)
     timed_out = await leader
     assert not timed_out.ok and "timed out after 0.01s" in timed_out.content
     state["release"].set()
@@ -141,7 +146,7 @@ async def test_leader_caller_timeout_does_not_cancel_the_execution() -> None:
 async def test_cancelled_waiter_does_not_disturb_others() -> None:
     slow, state = gated_tool()
     pool = ToolPool([slow])
-    k = key("slow", q="x")
+    k = key(pool, "slow", q="x")
     tasks = [asyncio.create_task(pool.run(call("slow", i, q="x"), ctx(i))) for i in range(5)]
     await until(lambda: pool.coalescer.waiters(k) == 5)
     tasks[3].cancel()
@@ -167,7 +172,7 @@ async def test_key_is_cleared_after_completion() -> None:
 async def test_coalesced_execution_uses_the_leaders_context() -> None:
     release = asyncio.Event()
 
-    @tool
+    @tool(coalesce=True)
     async def keyed(q: str, context: ToolContext) -> str:
         await release.wait()
         return context.idempotency_key
@@ -175,7 +180,7 @@ async def test_coalesced_execution_uses_the_leaders_context() -> None:
     pool = ToolPool([keyed])
     a = asyncio.create_task(pool.run(call("keyed", 0, q="x"), ctx(0)))
     b = asyncio.create_task(pool.run(call("keyed", 1, q="x"), ctx(1)))
-    await until(lambda: pool.coalescer.waiters(key("keyed", q="x")) == 2)
+    await until(lambda: pool.coalescer.waiters(key(pool, "keyed", q="x")) == 2)
     release.set()
     assert [o.content for o in await asyncio.gather(a, b)] == [ctx(0).idempotency_key] * 2
 
@@ -183,7 +188,7 @@ async def test_coalesced_execution_uses_the_leaders_context() -> None:
 async def test_execution_cancelled_from_inside_is_an_error_not_a_cancellation() -> None:
     coalescer = InflightCoalescer()
 
-    async def thunk() -> str:
+    async def thunk(lease: Any) -> str:
         raise asyncio.CancelledError
 
     with pytest.raises(ToolError, match="cancelled"):
@@ -474,3 +479,46 @@ def test_duplicate_names_rejected_and_schema_order_kept() -> None:
     assert [s["function"]["name"] for s in pool.schemas()] == ["web_search", "add", "read_file"]
     assert canonical_json(pool.schemas()) == canonical_json(pool.schemas())
     assert "add" in pool and len(pool) == 3 and pool.get("add") is add
+
+
+# -- the fleet-wide coalescer's lock (real redis-server) -----------------------------------
+
+
+@pytest.mark.redis
+async def test_redis_lock_uses_the_tools_ttl_and_is_renewed_while_the_tool_runs(
+        redis_url: str) -> None:
+    """A healthy leader running past its lock TTL keeps the call: a caller on another
+    "worker" (its own coalescer and client) that arrives later waits and shares the result
+    instead of running the tool a second time."""
+    from agentbatch.state.connection import async_client
+    from agentbatch.state.keys import tool_lock
+    from agentbatch.state.scripts import Scripts
+    from agentbatch.toolpool.redis_coalesce import DoneHub, RedisCoalescer, key_hash
+
+    def worker() -> tuple[Any, RedisCoalescer]:
+        client = async_client(redis_url)
+        return client, RedisCoalescer(client, Scripts(client), DoneHub(client))
+
+    (c1, first), (c2, second) = worker(), worker()
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[tuple[int, bool]] = []
+
+    async def thunk(lease: Any) -> str:
+        started.set()
+        await release.wait()
+        runs.append((lease.fencing_token, await lease.still_held()))
+        return "paid"
+
+    lead = asyncio.create_task(first.run("call:k", thunk, lock_ttl=1.0))
+    await started.wait()
+    pttl = await c1.pttl(tool_lock(key_hash("call:k")))
+    assert 0 < pttl <= 1000  # the tool's lock_ttl, not the 30 s default
+    await asyncio.sleep(3.5)  # more than three TTLs: only renewals keep the lock
+    follow = asyncio.create_task(second.run("call:k", thunk, lock_ttl=1.0))
+    await asyncio.sleep(0.5)
+    release.set()
+    assert await asyncio.wait_for(lead, 30) == ("paid", False)
+    assert await asyncio.wait_for(follow, 30) == ("paid", True)
+    assert runs == [(1, True)]  # one execution, first fencing token, still the leader
+    for client in (c1, c2):
+        await client.aclose()

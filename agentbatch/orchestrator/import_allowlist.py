@@ -1,0 +1,65 @@
+"""Which modules a worker may import because a plan named them.
+
+A plan in Redis names its tools and output schema by import path, and importing a module
+runs its code. So whoever can write to Redis could make every worker import anything (``os``,
+a module with side effects at import time) unless workers import only under module prefixes
+their operator chose: ``AGENTBATCH_WORKER_IMPORTS=mypkg.tools,agentbatch.toolpool.builtins``.
+The check runs on the path's text, before any import. (The embedded engine is given live
+objects and imports nothing by path, so it needs no list.)
+"""
+
+from __future__ import annotations
+
+from ..errors import BatchSpecError, ConfigError
+
+__all__ = [
+    "WORKER_IMPORTS_ENV", "WORKER_IMPORTS_EXAMPLE", "check_import_path", "module_allowed",
+    "parse_import_prefixes", "require_worker_imports",
+]  # fmt: skip
+
+WORKER_IMPORTS_ENV = "AGENTBATCH_WORKER_IMPORTS"
+WORKER_IMPORTS_EXAMPLE = f"{WORKER_IMPORTS_ENV}=mypkg.tools,agentbatch.toolpool.builtins"
+
+
+def _dotted(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def parse_import_prefixes(raw: str) -> tuple[str, ...]:
+    """``"a.b, c"`` → ``("a.b", "c")``; a malformed entry is a ``ConfigError``."""
+    prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for prefix in prefixes:
+        if not _dotted(prefix):
+            raise ConfigError(
+                f"{WORKER_IMPORTS_ENV}: {prefix!r} is not a dotted module name "
+                f"(expected comma-separated module prefixes, e.g. {WORKER_IMPORTS_EXAMPLE})")
+    return prefixes
+
+
+def require_worker_imports(raw: str | None) -> tuple[str, ...]:
+    """The allowlist a distributed worker must be given; a ``ConfigError`` says how to set it."""
+    prefixes = parse_import_prefixes(raw or "")
+    if not prefixes:
+        raise ConfigError(
+            f"{WORKER_IMPORTS_ENV} is required: the module prefixes this worker may import "
+            f"tools and output schemas from (plans in Redis name them, and importing runs "
+            f"code), e.g. {WORKER_IMPORTS_EXAMPLE}")
+    return prefixes
+
+
+def module_allowed(module: str, prefixes: tuple[str, ...]) -> bool:
+    """``module`` is one of ``prefixes`` or inside one of them (``a.b`` allows ``a.b.c``)."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def check_import_path(path: str, prefixes: tuple[str, ...], what: str) -> None:
+    """Refuse ``path`` ("module:attr") unless its module is under ``prefixes``; no import."""
+    module, sep, attr = path.partition(":")
+    if not (sep and _dotted(module) and _dotted(attr)):
+        raise BatchSpecError(f"{what} {path!r}: expected an import path 'module:attr'")
+    if not module_allowed(module, prefixes):
+        listed = ",".join(prefixes) if prefixes else "unset"
+        raise BatchSpecError(
+            f"{what} {path!r}: module {module!r} is not under {WORKER_IMPORTS_ENV} "
+            f"({listed}); this worker imports tools and schemas only from the module "
+            f"prefixes listed there, e.g. {WORKER_IMPORTS_EXAMPLE}")

@@ -1,0 +1,250 @@
+"""Check every public batch parameter at submit, before anything is compiled, sent or enqueued.
+
+Both engines call ``check_options`` and ``check_inputs`` first (from ``compile_batch``). Each
+failure is a ``BatchSpecError`` that names the parameter, and the input index where one
+applies. A value that slipped through used to fail later, once per agent (an infinite timeout
+ended every agent with ``internal OverflowError``) or as a raw ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_json
+
+from ..errors import BatchSpecError, ConfigError
+from ..state.connection import check_url
+from ..toolpool import Tool
+from .json_tool_calling import check_mode as check_tool_calling
+from .options import BatchOptions
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A short repr for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- scalars ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Range:
+    """What a numeric parameter accepts: an int or a finite number, at or above ``low``."""
+
+    integer: bool
+    low: float
+    above: bool = False  # the value must be > low (else >= low)
+    optional: bool = False  # None is accepted
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        kinds = (int,) if self.integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+            return False
+        return value > self.low if self.above else value >= self.low
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        bound = f"{'>' if self.above else '>='} {self.low:g}"
+        return f"{kind} {bound}{' or None' if self.optional else ''}"
+
+
+_NUMBERS = {
+    "max_turns": _Range(integer=True, low=1),
+    "max_retries": _Range(integer=True, low=0),
+    "max_inflight": _Range(integer=True, low=1, optional=True),
+    "max_tokens": _Range(integer=True, low=1, optional=True),
+    "max_server_waiting": _Range(integer=True, low=0, optional=True),
+    "max_tool_calls_per_turn": _Range(integer=True, low=1),
+    "timeout_per_turn": _Range(integer=False, low=0, above=True, optional=True),
+    "timeout_per_tool": _Range(integer=False, low=0, above=True, optional=True),
+    "temperature": _Range(integer=False, low=0, optional=True),
+}
+_FLAGS = ("native_json_schema", "warm_prefix", "batch_prompting")
+
+
+def _check_numbers(opts: BatchOptions) -> None:
+    for name, rule in _NUMBERS.items():
+        value = getattr(opts, name)
+        if not rule.accepts(value):
+            raise BatchSpecError(f"{name} must be {rule.describe()}, got {show(value)}")
+    for name in _FLAGS:
+        value = getattr(opts, name)
+        if not isinstance(value, bool):
+            raise BatchSpecError(f"{name} must be True or False, got {show(value)}")
+
+
+def check_text(where: str, text: str) -> None:
+    """Refuse lone surrogates: they cannot be encoded as UTF-8, so no request could carry them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise BatchSpecError(
+            f"{where} contains a lone surrogate {bad!r} at position {exc.start}, which is not "
+            "valid Unicode (decode the source text with errors='replace')") from None
+
+
+def _check_string(name: str, value: Any, *, optional: bool, empty_ok: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        what = "a string" if empty_ok else "a non-empty string"
+        raise BatchSpecError(f"{name} must be {what}{' or None' if optional else ''}, "
+                             f"got {show(value)}")
+    check_text(name, value)
+
+
+def _check_redis_url(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise BatchSpecError(f"redis_url must be a URL such as 'redis://host:6379/0' or None, "
+                             f"got {show(value)}")
+    try:
+        check_url(value)
+    except ConfigError as exc:
+        raise BatchSpecError(f"redis_url: {exc}") from None
+
+
+def _check_backend(backend: Any) -> None:
+    urls = [backend] if isinstance(backend, str) else backend
+    if (not isinstance(urls, list | tuple) or not urls
+            or not all(isinstance(u, str) and u for u in urls)):
+        raise BatchSpecError("backend must be a URL such as 'vllm://host:8000' or a non-empty "
+                             f"list of URLs, got {show(backend)}")
+
+
+def check_schema(schema: Any) -> None:
+    if schema is None:
+        return
+    if not (inspect.isclass(schema) and issubclass(schema, BaseModel)):
+        raise BatchSpecError(
+            f"output_schema must be a Pydantic model class (a BaseModel subclass) or None, "
+            f"got {show(schema)}"
+        )
+
+
+def check_tools(tools: Any) -> list[Tool | str]:
+    """The ``tools`` argument as a list: ``Tool`` objects or "module:attr" paths."""
+    if tools is None:
+        return []
+    if isinstance(tools, str | Tool) or callable(tools):
+        tools = [tools]
+    if not isinstance(tools, list | tuple):
+        raise BatchSpecError("tools must be a list of @tool functions or 'module:attr' import "
+                             f"paths, got {show(tools)}")
+    for i, obj in enumerate(tools):
+        if isinstance(obj, Tool | str):
+            continue
+        if callable(obj):
+            name = getattr(obj, "__qualname__", None) or show(obj)
+            raise BatchSpecError(
+                f"tools[{i}]: {name} is a plain function, not a Tool; decorate a function "
+                "defined at module level with @tool (lambdas and nested functions cannot be "
+                "imported by workers)")
+        raise BatchSpecError(f"tools[{i}] must be a @tool function or a 'module:attr' import "
+                             f"path, got {show(obj)}")
+    return list(tools)
+
+
+_STREAM_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+
+
+def check_cursor(after: Any) -> str:
+    """A saved ``handle.cursor`` (a Redis stream id such as ``1700000000000-0``); None: start."""
+    if after is None:
+        return "0-0"
+    if not isinstance(after, str) or not _STREAM_ID.fullmatch(after):
+        raise BatchSpecError("after must be a cursor saved from handle.cursor, such as "
+                             f"'1700000000000-0', or None, got {show(after)}")
+    return after
+
+
+def check_options(opts: BatchOptions) -> None:
+    """Every parameter but ``inputs``; raises ``BatchSpecError`` naming the first bad one."""
+    _check_string("task", opts.task, optional=False)
+    _check_string("model", opts.model, optional=False)
+    _check_string("system_prompt", opts.system_prompt, optional=True, empty_ok=True)
+    _check_string("batch_id", opts.batch_id, optional=True)
+    _check_redis_url(opts.redis_url)
+    _check_backend(opts.backend)
+    _check_numbers(opts)
+    check_tools(opts.tools)
+    check_schema(opts.output_schema)
+    check_tool_calling(opts.tool_calling)
+    if opts.on_result is not None and not callable(opts.on_result):
+        raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")
+    if opts.checkpoint_dir is not None:
+        raise BatchSpecError("checkpoint_dir is not supported yet (checkpoint/resume of the "
+                             "embedded engine is planned); use the distributed engine "
+                             "(redis_url=...) for batches that must survive a crash")
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) for every key string and non-container value, without recursion."""
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, sub in item.items():
+                yield f"a key of {where}", key
+                stack.append((f"{where}[{key!r}]", sub))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", sub) for i, sub in enumerate(item))
+        else:
+            yield where, item
+
+
+def _check_leaf(where: str, leaf: Any) -> None:
+    if isinstance(leaf, str):
+        check_text(where, leaf)
+    elif leaf is not None and not isinstance(leaf, bool | int | float):
+        try:
+            to_json(leaf)
+        except PydanticSerializationError as exc:
+            raise BatchSpecError(
+                f"{where} is of type {type(leaf).__name__}, which cannot be stored as JSON "
+                f"({exc}); "
+                "pass plain values (str, numbers, lists, dicts)") from None
+
+
+def check_input(item: Any, index: int) -> dict[str, Any]:
+    """One input as the plain dict an agent keeps in its state. The distributed engine stores
+    it as JSON, so both engines refuse what JSON cannot hold."""
+    if isinstance(item, BaseModel):
+        item = item.model_dump(mode="json")
+    if not isinstance(item, Mapping):
+        raise BatchSpecError(f"each input must be a dict, got {type(item).__name__}",
+                             index=index)
+    data = dict(item)
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise BatchSpecError(f"key {show(key)} ({type(key).__name__}) is not a string; "
+                                 "input keys name the task's template variables", index=index)
+        try:
+            check_text(f"key {key!r}", key)
+            for where, leaf in _leaves(value, repr(key)):
+                _check_leaf(where, leaf)
+        except BatchSpecError as exc:
+            raise BatchSpecError(str(exc), index=index) from None
+    return data
+
+
+def check_inputs(inputs: Any) -> list[dict[str, Any]]:
+    """``inputs`` as one plain dict per agent."""
+    if (inputs is None or isinstance(inputs, Mapping | str | bytes)
+            or not isinstance(inputs, Iterable)):
+        raise BatchSpecError(f"inputs must be a list of dicts, one per agent, got {show(inputs)}")
+    return [check_input(item, i) for i, item in enumerate(inputs)]
