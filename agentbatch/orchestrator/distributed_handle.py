@@ -6,6 +6,8 @@ exactly where it left off, from this process or another one (``get_batch``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,17 +16,20 @@ from typing import Any
 import redis
 from pydantic import BaseModel
 
-from ..errors import BatchLost
+from ..errors import BatchExpired, BatchLost
 from ..results import AgentResult
 from ..state.connection import async_client, mask_url, sync_client
 from ..state.keys import BatchKeys
+from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
 from .handle import BatchHandle
 from .output import OutputContract
+from .validate import check_cursor
 
 log = logging.getLogger(__name__)
 _BLOCK_MS = 1000
 _READ_COUNT = 500
 _RECONNECT_WINDOW_S = 30.0
+_OOM_CHECK_S = 5.0  # while no result arrives, how often a reader asks whether Redis is full
 
 
 class DistributedHandle(BatchHandle):
@@ -46,7 +51,15 @@ class DistributedHandle(BatchHandle):
             result = result.model_copy(update={"output": self.contract.instance(result.output)})
         return result
 
-    def _lost(self, why: str) -> BatchLost:
+    def _lost(self, why: str, *, reachable: bool = True) -> BatchLost | BatchExpired:
+        """``BatchExpired`` when the batch's tombstone says its keys went on purpose
+        (retention, delete), else ``BatchLost``."""
+        expired = None
+        if reachable:
+            with contextlib.suppress(redis.RedisError):
+                expired = missing_error(self._client, self.batch_id)
+        if expired is not None:
+            return expired
         return BatchLost(f"batch {self.batch_id} is lost: {why} "
                          f"(Redis at {mask_url(self.redis_url)})")
 
@@ -58,12 +71,21 @@ class DistributedHandle(BatchHandle):
                              "persistence or the keys were deleted or evicted")
         return finished == "1"
 
+    def _check_memory(self) -> None:
+        """Raise ``RedisOutOfMemory`` when Redis refuses writes: the batch cannot progress
+        until memory is freed, and a reader must not wait on it in silence. Resume reading
+        with ``results(after=handle.cursor)`` once memory is freed."""
+        why = out_of_memory(self._client)
+        if why is not None:
+            raise oom_error(self.batch_id, why)
+
     def results(self, timeout: float | None = None, after: str | None = None
                 ) -> Iterator[AgentResult]:
         """Results as agents finish; ``after`` resumes from a saved stream id."""
-        cursor = after or "0-0"
+        cursor = check_cursor(after)
         deadline = None if timeout is None else time.monotonic() + timeout
         failing_since: float | None = None
+        next_memory_check = time.monotonic() + _OOM_CHECK_S
         while True:
             try:
                 reply = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT,
@@ -73,7 +95,8 @@ class DistributedHandle(BatchHandle):
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > _RECONNECT_WINDOW_S:
                     raise self._lost(f"Redis has been unreachable for "
-                                     f"{_RECONNECT_WINDOW_S:.0f}s ({exc})") from exc
+                                     f"{_RECONNECT_WINDOW_S:.0f}s ({exc})",
+                                     reachable=False) from exc
                 time.sleep(0.5)
                 continue
             entries = reply[0][1] if reply else []
@@ -81,18 +104,23 @@ class DistributedHandle(BatchHandle):
                 cursor = self.cursor = entry_id
                 yield self._decode(fields)
             if entries:
+                next_memory_check = time.monotonic() + _OOM_CHECK_S
                 continue
             if self._check_alive(self._client):
                 tail = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT)
                 if not tail:
                     return
                 continue
+            if time.monotonic() >= next_memory_check:
+                next_memory_check = time.monotonic() + _OOM_CHECK_S
+                self._check_memory()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {self.batch_id}: no result within {timeout}s")
 
     async def aresults(self, after: str | None = None) -> AsyncIterator[AgentResult]:
-        cursor = after or "0-0"
+        cursor = check_cursor(after)
         client = async_client(self.redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
+        next_memory_check = time.monotonic() + _OOM_CHECK_S
         try:
             while True:
                 reply = await client.xread({self.keys.results: cursor}, count=_READ_COUNT,
@@ -102,13 +130,17 @@ class DistributedHandle(BatchHandle):
                     cursor = self.cursor = entry_id
                     yield self._decode(fields)
                 if entries:
+                    next_memory_check = time.monotonic() + _OOM_CHECK_S
                     continue
                 exists = await client.exists(self.keys.plan)
                 if not exists:
-                    raise self._lost("its state is no longer in Redis")
+                    raise await asyncio.to_thread(self._lost, "its state is no longer in Redis")
                 finished = await client.hget(self.keys.meta, "finished") == "1"
                 if finished and not await client.xread({self.keys.results: cursor}, count=1):
                     return
+                if not finished and time.monotonic() >= next_memory_check:
+                    next_memory_check = time.monotonic() + _OOM_CHECK_S
+                    await asyncio.to_thread(self._check_memory)
         finally:
             await client.aclose()
 
@@ -121,12 +153,26 @@ class DistributedHandle(BatchHandle):
         counts = {k[2:]: int(v) for k, v in meta.items() if k.startswith("n:") and int(v)}
         counts.update({k: int(meta.get(k, 0)) for k in ("total", "delivered")})
         counts["finished"] = int(meta.get("finished", 0))
+        # agents the sweep re-sent that have not progressed since (cleared by their commit)
+        counts["recovering"] = int(self._client.hlen(self.keys.resends))
         counts.update({k: int(v) for k, v in meta.items() if k.startswith("stat:")})
+        if not counts["finished"]:
+            why = out_of_memory(self._client)
+            if why is not None:
+                raise oom_error(self.batch_id, why, counts)
         return counts
 
     def cancel(self) -> None:
-        """Workers stop each agent at its next step; each ends with error kind ``cancelled``."""
+        """Workers stop each agent at its next step; each ends with error kind ``cancelled``.
+        The commit that ends the last agent sets the batch's retention TTL, as for any
+        finished batch."""
         self._client.hset(self.keys.meta, "cancelled", 1)
+
+    def delete(self, *, force: bool = False) -> int:
+        """Remove the batch's keys from Redis now, instead of at the end of its retention;
+        returns how many keys went. A batch still running raises ``ValueError`` unless
+        ``force`` (which cancels it first). Reading it afterwards raises ``BatchExpired``."""
+        return delete_batch(self._client, self.batch_id, force=force)
 
     def close(self) -> None:
         self._client.close()

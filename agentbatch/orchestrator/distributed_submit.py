@@ -10,6 +10,7 @@ runs whole.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -17,11 +18,12 @@ from typing import Any
 
 import redis
 
-from ..backends.setup import open_backend, warm_backend
+from ..backends.setup import open_backend, preflight_backend, warm_backend
 from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError
 from ..state.connection import mask_url, sync_client
-from ..state.keys import ACTIVE_BATCHES, BatchKeys
-from ..state.redis_store import initial_meta, now_ms
+from ..state.keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
+from ..state.redis_store import DEFAULT_RETENTION_S, initial_meta, now_ms, retention_ms
+from ..state.retention import missing_error
 from ..toolpool import resolve_tool
 from ..workers.app import client_app
 from ..workers.dispatch import publish, turn_message
@@ -74,14 +76,16 @@ def _connect(url: str) -> redis.Redis:
 
 
 def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
-                grace_ms: int) -> None:
+                grace_ms: int, retention_s: float = DEFAULT_RETENTION_S) -> None:
+    """``retention_s`` travels with the batch (in ``meta``): the commit that finishes it sets
+    that TTL on its keys."""
     k = BatchKeys(plan.batch_id)
     if client.exists(k.plan):
         raise BatchSpecError(f"a batch with id {plan.batch_id!r} already exists")
     deadline = now_ms() + grace_ms
     with client.pipeline(transaction=True) as p:
         p.set(k.plan, plan.model_dump_json())
-        p.hset(k.meta, mapping=initial_meta(plan))
+        p.hset(k.meta, mapping=initial_meta(plan, retention_s))
         states = compiled.states
         for start in range(0, len(states), _CHUNK):
             chunk = states[start : start + _CHUNK]
@@ -90,13 +94,21 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
             p.zadd(k.watch, {str(s.index): deadline for s in chunk})
         if states:
             p.sadd(ACTIVE_BATCHES, plan.batch_id)
+        else:  # finished as written: no commit will ever set its retention
+            keep = retention_ms(retention_s)
+            p.pexpire(k.plan, keep)
+            p.pexpire(k.meta, keep)
+            p.set(k.gone, json.dumps({"reason": "expired", "finished_at_ms": now_ms(),
+                                      "retention_ms": keep}), px=keep + TOMBSTONE_S * 1000)
         p.execute()
 
 
 async def _warm(plan: BatchPlan) -> None:
     backend = open_backend(plan.backends, timeout=min(plan.timeout_per_turn or 30.0, 30.0))
     try:
-        await warm_backend(backend, plan)
+        await preflight_backend(backend, plan)
+        if plan.warm_prefix and plan.total > 1:
+            await warm_backend(backend, plan)
     finally:
         await backend.aclose()
 
@@ -113,17 +125,19 @@ def warm_from_submitter(plan: BatchPlan) -> None:
 
 def submit_distributed(compiled: CompiledBatch, opts: BatchOptions) -> DistributedHandle:
     url = opts.redis_url or ""
+    settings = WorkerSettings.from_env(url)  # a bad AGENTBATCH_* value is refused up front
     check_portable(compiled)
     plan = compiled.plan
     client = _connect(url)
-    if plan.warm_prefix and plan.total > 1:
+    # max_server_waiting needs the servers' /metrics checked here, before anything is enqueued.
+    if (plan.warm_prefix and plan.total > 1) or plan.max_server_waiting is not None:
         try:
             warm_from_submitter(plan)
         except BaseException:
             client.close()
             raise
     try:
-        write_batch(client, plan, compiled, WorkerSettings.from_env(url).queue_grace_ms)
+        write_batch(client, plan, compiled, settings.queue_grace_ms, settings.retention_s)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ConfigError(f"writing batch {plan.batch_id} to Redis at {mask_url(url)} failed; "
                           f"nothing was enqueued: {exc}") from None
@@ -162,8 +176,11 @@ def attach_distributed(batch_id: str, redis_url: str) -> DistributedHandle:
     client = _connect(redis_url)
     try:
         raw = client.get(BatchKeys(batch_id).plan)
+        expired = missing_error(client, batch_id) if raw is None else None
     finally:
         client.close()
+    if expired is not None:
+        raise expired
     if raw is None:
         raise BatchSpecError(f"no batch {batch_id!r} in Redis at {mask_url(redis_url)}")
     plan = BatchPlan.model_validate_json(raw)

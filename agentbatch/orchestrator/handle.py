@@ -37,6 +37,13 @@ class BatchHandle(abc.ABC):
     def cancel(self) -> None:
         """Stop remaining turns; unfinished agents end with error kind ``cancelled``."""
 
+    def delete(self, *, force: bool = False) -> int:
+        """Remove the batch's stored state now (distributed engine: its Redis keys). Not
+        offered by the embedded engine, which stores nothing outside this process."""
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps nothing outside this process: there is nothing to "
+            "delete (delete() is for distributed batches, whose state lives in Redis)")
+
     def wait(self, timeout: float | None = None) -> list[AgentResult]:
         """Every result, in input order."""
         return _in_order(self.results(timeout=timeout), self.total)

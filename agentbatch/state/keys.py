@@ -9,6 +9,8 @@ PREFIX = "ab"
 ACTIVE_BATCHES = f"{PREFIX}:batches"  # set of batch ids the recovery sweep watches
 SWEEP_LOCK = f"{PREFIX}:sweep:lock"  # one sweeper at a time, fleet-wide
 TOOL_DONE_CHANNEL = f"{PREFIX}:tool:done"  # pub/sub: "<key hash>:<token>" when a leader finishes
+DEAD_LETTERS = f"{PREFIX}:deadletter"  # list: queue messages no worker could decode
+TOMBSTONE_S = 30 * 24 * 3600  # how long a batch's ``gone`` key outlives its retention
 
 
 class BatchKeys:
@@ -24,8 +26,23 @@ class BatchKeys:
         self.watch = f"{base}:watch"  # zset: index -> progress deadline (ms)
         self.results = f"{base}:results"  # stream: one entry per finished agent
         self.audit = f"{base}:audit"  # stream: (index, version) per commit, when auditing
-        self.resends = f"{base}:resends"  # hash: index -> times the sweep re-sent its task
+        self.resends = f"{base}:resends"  # hash: index -> "version:n" re-sends without progress
+        self.run = f"{base}:run"  # hash: index -> the version last started (claim / tool)
+        # string: why the batch's keys went (expired after retention, or deleted); outlives
+        # them by TOMBSTONE_S so a late reader gets ``BatchExpired``, not ``BatchLost``
+        self.gone = f"{base}:gone"
         self._base = base
+
+    def retained(self) -> list[str]:
+        """Every fixed key the finishing commit gives the retention TTL (leases carry their own
+        TTL; tool fan-in hashes are deleted by the commit that consumes them)."""
+        return [self.plan, self.meta, self.state, self.ver, self.watch, self.results,
+                self.audit, self.resends, self.run]
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this batch, the tombstone included."""
+        escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self._base)
+        return f"{escaped}:*"
 
     def lease(self, index: int) -> str:
         return f"{self._base}:lease:{index}"
@@ -41,6 +58,11 @@ def tool_lock(key_hash: str) -> str:
 
 def tool_result(key_hash: str, token: str) -> str:
     return f"{PREFIX}:tool:{key_hash}:res:{token}"
+
+
+def tool_fence(key_hash: str) -> str:
+    """Counter: the fencing token handed to each successive leader of one call."""
+    return f"{PREFIX}:tool:{key_hash}:fence"
 
 
 def tool_cache(key_hash: str) -> str:

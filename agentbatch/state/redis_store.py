@@ -6,6 +6,7 @@ fails the compare-and-set and its work is dropped, so a turn is never applied tw
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,10 +15,11 @@ from typing import Any
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.plan import BatchPlan
-from .keys import ACTIVE_BATCHES, BatchKeys
+from .keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
 from .scripts import Scripts
 
-TOOL_RESULTS_TTL_S = 7 * 24 * 3600
+TOOL_RESULTS_TTL_S = 7 * 24 * 3600  # a backstop: the commit that consumes a round deletes it
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # AGENTBATCH_RETENTION_S (workers/settings.py)
 
 
 def now_ms() -> int:
@@ -31,6 +33,7 @@ class Claim:
     kind: str  # ok | stale | busy | gone
     state: AgentState | None = None
     cancelled: bool = False
+    busy_ms: int = 0  # busy: how long the other holder's lease still lives
 
 
 class BatchStore:
@@ -48,8 +51,10 @@ class BatchStore:
 
     async def claim_turn(self, index: int, version: int, token: str, ttl_ms: int) -> Claim:
         k = self.k
-        reply = await self.s.claim(keys=[k.ver, k.state, k.lease(index), k.watch, k.meta],
+        reply = await self.s.claim(keys=[k.ver, k.state, k.lease(index), k.watch, k.meta, k.run],
                                    args=[index, version, token, ttl_ms, now_ms()])
+        if reply[0] == "busy":
+            return Claim(kind="busy", busy_ms=max(int(reply[1]), 0))
         if reply[0] != "ok":
             return Claim(kind=reply[0])
         state = AgentState.model_validate_json(reply[1])
@@ -64,20 +69,33 @@ class BatchStore:
 
     async def commit(self, old: AgentState, new: AgentState, *, token: str = "",
                      result_json: str = "", deadline_ms: int = 0, audit: bool = False,
-                     enqueue: Sequence[tuple[str, str]] = ()) -> bool:
+                     enqueue: Sequence[tuple[str, str]] = (),
+                     retention_s: float = DEFAULT_RETENTION_S) -> bool:
         """Write ``new`` only if the stored version is still ``old.version``; on success push
-        the ``enqueue`` task messages (list key, payload) in the same atomic step."""
+        the ``enqueue`` task messages (list key, payload) in the same atomic step.
+
+        A terminal agent is stored without its conversation (its result, written in the same
+        step, is what readers get); the commit that finishes the batch sets its retention
+        TTL (``retention_s`` only for a batch submitted without one)."""
         k = self.k
         terminal = new.status.terminal
+        stored = terminal_state(new) if terminal else new
         ok = await self.s.commit(
             keys=[k.ver, k.state, k.lease(old.index), k.watch, k.meta, k.results,
-                  ACTIVE_BATCHES, k.audit, *(key for key, _ in enqueue)],
-            args=[old.index, old.version, new.version, new.model_dump_json(), token,
+                  ACTIVE_BATCHES, k.audit, k.resends, k.plan, k.run,
+                  k.tool_results(old.index, old.version), k.gone,
+                  *(key for key, _ in enqueue)],
+            args=[old.index, old.version, new.version, stored.model_dump_json(), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
                   deadline_ms, self.batch_id, "1" if audit else "0",
+                  retention_ms(retention_s), TOMBSTONE_S * 1000,
                   *(payload for _, payload in enqueue)],
         )
         return bool(ok)
+
+    async def cancelled(self) -> bool:
+        """Whether the batch was cancelled (asked by turns waiting for capacity)."""
+        return await self.r.hget(self.k.meta, "cancelled") == "1"
 
     async def load_for_tool(self, index: int, version: int,
                             call_id: str) -> tuple[AgentState | None, bool, bool]:
@@ -117,21 +135,53 @@ class BatchStore:
         found = await self.r.zrangebyscore(self.k.watch, "-inf", now_ms(), start=0, num=limit)
         return [int(i) for i in found]
 
-    async def inspect(self, index: int) -> tuple[AgentState | None, bool]:
-        """(current state, lease held) for the recovery sweep."""
+    async def inspect(self, index: int) -> tuple[AgentState | None, bool, bool]:
+        """(current state, lease held, current version started) for the recovery sweep."""
         k = self.k
         async with self.r.pipeline(transaction=False) as p:
             p.hget(k.state, index)
             p.exists(k.lease(index))
-            raw, leased = await p.execute()
-        return (AgentState.model_validate_json(raw) if raw else None), bool(leased)
+            p.hget(k.run, index)
+            raw, leased, run = await p.execute()
+        state = AgentState.model_validate_json(raw) if raw else None
+        started = state is not None and run is not None and int(run) == state.version
+        return state, bool(leased), started
+
+    async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
+                     recheck_ms: int, max_resends: int, audit: bool = False) -> int:
+        """Push a lost agent's task messages, count the re-send and move its deadline, in one
+        script. Returns -1 (moved on or leased: nothing sent), -2 (``max_resends`` reached:
+        nothing sent) or the number of re-sends at this version."""
+        k = self.k
+        return int(await self.s.resend(
+            keys=[k.ver, k.lease(state.index), k.watch, k.resends, k.run, k.meta, k.audit,
+                  *(key for key, _ in enqueue)],
+            args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
+                  "1" if audit else "0", *(payload for _, payload in enqueue)],
+        ))
+
+    async def tool_running(self, index: int, version: int, ttl_ms: int) -> bool:
+        """A tool call of this round runs: mark the version started, deadline now + ttl."""
+        return bool(await self.s.tool_touch(keys=[self.k.ver, self.k.watch, self.k.run],
+                                            args=[index, version, now_ms() + ttl_ms]))
 
     async def push_deadline(self, index: int, deadline_ms: int) -> None:
         await self.r.zadd(self.k.watch, {str(index): deadline_ms}, xx=True)
 
 
 
-def initial_meta(plan: BatchPlan) -> dict[str, Any]:
+def retention_ms(retention_s: float) -> int:
+    return max(1, math.ceil(retention_s * 1000))
+
+
+def terminal_state(state: AgentState) -> AgentState:
+    """What a terminal agent keeps in ``state``: its scalars and error, not its conversation,
+    pending calls or tool log. The result stream entry written in the same commit holds
+    everything a reader gets; the state only answers claims and the sweep (``terminal``)."""
+    return state.model_copy(update={"messages": [], "pending_calls": [], "tool_log": []})
+
+
+def initial_meta(plan: BatchPlan, retention_s: float = DEFAULT_RETENTION_S) -> dict[str, Any]:
     return {
         "total": plan.total,
         "delivered": 0,
@@ -139,4 +189,5 @@ def initial_meta(plan: BatchPlan) -> dict[str, Any]:
         "finished": 1 if plan.total == 0 else 0,
         f"n:{AgentStatus.NEEDS_MODEL.value}": plan.total,
         "created_at": plan.created_at,
+        "retention_ms": retention_ms(retention_s),
     }

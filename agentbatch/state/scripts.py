@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 _LUA_DIR = Path(__file__).with_name("lua")
-NAMES = ("claim", "commit", "renew", "release", "record_tool", "sem_acquire", "tool_lead",
+NAMES = ("claim", "commit", "resend", "tool_touch", "renew", "release", "record_tool",
+         "sem_acquire", "tool_lead",
          "lock_renew",
          "tool_finish",
-         "sem_throttle", "sem_success")
+         "sem_throttle", "sem_success",
+         "note")
 
 
 @cache
@@ -27,6 +29,8 @@ class Scripts:
 
     claim: Any
     commit: Any
+    resend: Any
+    tool_touch: Any
     renew: Any
     release: Any
     record_tool: Any
@@ -36,3 +40,4 @@ class Scripts:
     tool_lead: Any
     tool_finish: Any
     lock_renew: Any
+    note: Any

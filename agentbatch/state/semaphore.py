@@ -9,7 +9,13 @@ the ``<sem key>:aimd`` hash (``limit``, ``last_throttle_ms``, ``last_decrease_ms
 ``last_increase_ms``) and the effective cap is ``min(limit, aimd limit)``. A throttle seen by
 any worker halves it for all (at most once per ``cooldown_ms``: a burst of 429s is one
 signal); after ``quiet_ms`` without throttles or increases, a success adds one slot back.
-Times come from ``clock`` and travel as script arguments, so tests control them.
+Times come from ``clock`` and travel as script arguments, so tests control them. Each write
+to the hash sets it to expire ``idle_ms`` (10 minutes) later: once the fleet has been idle that
+long, old throttles are forgotten and a new batch starts at the configured limit, not at a
+limit a burst of 429s left behind hours ago.
+
+Waiting for a slot is bounded like every wait of a turn: by the turn's deadline (then
+``ServerBusy``, retryable) and by the batch's cancel flag (then ``BatchCancelled``).
 """
 
 from __future__ import annotations
@@ -17,15 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..errors import BatchCancelled, ServerBusy
 from .keys import semaphore
 from .redis_store import now_ms
 from .scripts import Scripts
 
 Clock = Callable[[], int]
+CancelCheck = Callable[[], Awaitable[bool]]
+CANCEL_CHECK_S = 0.5  # how often a waiting slot() asks ``cancelled()``
+AIMD_IDLE_MS = 10 * 60 * 1000  # the AIMD hash expires this long after its last write
 
 
 class RedisSemaphore:
@@ -35,9 +46,11 @@ class RedisSemaphore:
     def __init__(self, client: Any, scripts: Scripts, name: str, limit: int, *,
                  ttl_ms: int = 30_000, max_backoff_s: float = 0.2,
                  cooldown_ms: int = 2000, quiet_ms: int = 30_000,
-                 clock: Clock | None = None) -> None:
+                 idle_ms: int = AIMD_IDLE_MS, clock: Clock | None = None) -> None:
         if limit < 1:
             raise ValueError("semaphore limit must be >= 1")
+        if idle_ms < 1:
+            raise ValueError("semaphore idle_ms must be >= 1")
         self._r = client
         self._s = scripts
         self.key = semaphore(name)
@@ -47,6 +60,7 @@ class RedisSemaphore:
         self.max_backoff_s = max_backoff_s
         self.cooldown_ms = cooldown_ms
         self.quiet_ms = quiet_ms
+        self.idle_ms = idle_ms
         self._clock: Clock = clock or now_ms
         # The shared AIMD limit as last seen by this process (None: none set), once seen. It
         # lets ``on_success`` skip the Redis round trip while there is nothing to recover.
@@ -86,7 +100,8 @@ class RedisSemaphore:
         """A 429/throttle was seen: halve the shared limit (once per cooldown); True if now."""
         self.throttles += 1
         halved, dynamic = await self._s.sem_throttle(
-            keys=[self.aimd_key], args=[self.limit, self._clock(), self.cooldown_ms]
+            keys=[self.aimd_key],
+            args=[self.limit, self._clock(), self.cooldown_ms, self.idle_ms]
         )
         self._note(dynamic)
         if halved:
@@ -103,7 +118,7 @@ class RedisSemaphore:
         if self._seen and (self.seen_limit is None or self.seen_limit >= self.limit):
             return False
         increased, dynamic = await self._s.sem_success(
-            keys=[self.aimd_key], args=[self.limit, self._clock(), self.quiet_ms]
+            keys=[self.aimd_key], args=[self.limit, self._clock(), self.quiet_ms, self.idle_ms]
         )
         self._note(dynamic)
         if increased:
@@ -111,16 +126,30 @@ class RedisSemaphore:
         return bool(increased)
 
     @contextlib.asynccontextmanager
-    async def slot(self, ready: Callable[[], Awaitable[None]] | None = None
-                   ) -> AsyncIterator[str]:
-        """Hold one slot for the body; ``ready`` (backpressure) is awaited before each try."""
+    async def slot(self, ready: Callable[[], Awaitable[None]] | None = None, *,
+                   deadline: float | None = None,
+                   cancelled: CancelCheck | None = None) -> AsyncIterator[str]:
+        """Hold one slot for the body; ``ready`` (backpressure) is awaited before each try.
+
+        ``deadline`` (``time.monotonic()``) bounds the wait: past it, ``ServerBusy``.
+        ``cancelled()`` is asked every ``CANCEL_CHECK_S`` while waiting: ``BatchCancelled``.
+        """
         holder = uuid.uuid4().hex
         delay = 0.005
+        next_check = time.monotonic() + CANCEL_CHECK_S
         while True:
             if ready is not None:
                 await ready()
             if await self.try_acquire(holder):
                 break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise ServerBusy(f"no inference slot of {await self.effective_limit()} "
+                                 f"(fleet-wide) was free before the turn's deadline")
+            if cancelled is not None and now >= next_check:
+                next_check = now + CANCEL_CHECK_S
+                if await cancelled():
+                    raise BatchCancelled("the batch was cancelled")
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, self.max_backoff_s)
         renewer = asyncio.create_task(self._renew(holder))

@@ -2,5 +2,6 @@
 -- KEYS: lease, watch   ARGV: token, ttl_ms, now_ms, index
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[2]), ARGV[4])
+-- XX: an agent of a batch deleted or expired meanwhile must not bring back its watch set
+redis.call('ZADD', KEYS[2], 'XX', tonumber(ARGV[3]) + tonumber(ARGV[2]), ARGV[4])
 return 1

@@ -1,5 +1,5 @@
 -- Fleet-wide AIMD, additive increase: a worker's model call succeeded.
--- KEYS: aimd hash   ARGV: configured_limit, now_ms, quiet_ms
+-- KEYS: aimd hash   ARGV: configured_limit, now_ms, quiet_ms, idle_ms
 -- +1 (capped at the configured limit) only when quiet_ms passed since the last throttle AND
 -- since the last increase, so the whole fleet grows by one per quiet period, not one per call.
 -- Returns {increased 0/1, limit or -1 when no dynamic limit is set}.
@@ -13,4 +13,5 @@ local throttled = tonumber(redis.call('HGET', KEYS[1], 'last_throttle_ms')) or 0
 local increased = tonumber(redis.call('HGET', KEYS[1], 'last_increase_ms')) or 0
 if now - throttled < quiet or now - increased < quiet then return {0, current} end
 redis.call('HSET', KEYS[1], 'limit', current + 1, 'last_increase_ms', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])  -- idle_ms past its last write (see sem_throttle)
 return {1, current + 1}

@@ -1,5 +1,5 @@
 -- Fleet-wide AIMD, multiplicative decrease: a worker saw a 429/throttle.
--- KEYS: aimd hash   ARGV: configured_limit, now_ms, cooldown_ms
+-- KEYS: aimd hash   ARGV: configured_limit, now_ms, cooldown_ms, idle_ms
 -- Halves min(stored, configured) -- never below 1 -- unless the last halving (by any worker)
 -- was less than cooldown_ms ago: one overload arrives as a burst of 429s. Every throttle,
 -- halving or not, restarts the quiet period that gates recovery (last_throttle_ms).
@@ -9,6 +9,8 @@ local now = tonumber(ARGV[2])
 local current = tonumber(redis.call('HGET', KEYS[1], 'limit')) or configured
 if current > configured then current = configured end
 redis.call('HSET', KEYS[1], 'last_throttle_ms', now)
+-- the hash lives idle_ms past its last write: an idle fleet forgets old throttles
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_decrease_ms'))
 if last and now - last < tonumber(ARGV[3]) then return {0, current} end
 local halved = math.max(1, math.floor(current / 2))
