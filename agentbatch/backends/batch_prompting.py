@@ -9,22 +9,29 @@ The server reports ONE usage for the whole call. We split it across prompts prop
 (prompt and cached tokens by prompt length, completion tokens by answer length, largest
 remainder rounding) so per-agent numbers are plausible and the parts add up to the total
 (cached tokens are clipped to a prompt's own share in the rare case rounding disagrees).
+
+The output schema travels in each batched body in the form the server reads on
+``/v1/completions``: vLLM and SGLang take ``response_format``; llama.cpp ignores that field
+there and takes a top-level ``json_schema`` (the driver passes it as ``extra_body``).
+``ServerTemplate`` renders the prompts with the server's own chat template (llama.cpp's
+``/apply-template``) instead of a hard-coded ChatML.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..errors import BackendError, ServerError
-from ..model_io import ModelResponse, Usage
+from ..model_io import Message, ModelResponse, Usage
 from .openai_parse import parse_usage
 
 log = logging.getLogger(__name__)
 
 PostJson = Callable[[str, dict[str, Any], dict[str, str], float], Awaitable[Any]]
+ApplyTemplate = Callable[[list[Message]], Awaitable[str]]
 
 
 def completions_body(
@@ -34,8 +41,10 @@ def completions_body(
     max_tokens: int | None,
     temperature: float | None,
     response_format: dict[str, Any] | None,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``/v1/completions`` body; ``prompt`` is a string for one prompt, a list for many."""
+    """The ``/v1/completions`` body; ``prompt`` is a string for one prompt, a list for many.
+    ``extra_body`` adds server-specific fields (llama.cpp's ``json_schema``)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
@@ -43,6 +52,8 @@ def completions_body(
         body["temperature"] = temperature
     if response_format is not None:
         body["response_format"] = response_format
+    if extra_body:
+        body.update(extra_body)
     return body
 
 
@@ -120,6 +131,7 @@ async def run_batch(
     request_id: str,
     timeout: float,
     who: str,
+    extra_body: dict[str, Any] | None = None,
 ) -> list[ModelResponse | BackendError]:
     """One batched call; if it fails for any reason, one call per prompt (concurrently).
 
@@ -136,6 +148,7 @@ async def run_batch(
             max_tokens=max_tokens,
             temperature=temperature,
             response_format=response_format,
+            extra_body=extra_body,
         )
         headers = {"X-Request-Id": rid} if rid else {}
         reply = await post_json("/v1/completions", body, headers, timeout)
@@ -159,3 +172,78 @@ async def run_batch(
             return exc
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+# A content placeholder no real message carries: the template renders it where content goes.
+_SLOT = "\u2063agentbatch-content-{}\u2063"
+
+
+class ServerTemplate:
+    """Conversations rendered with the server's chat template, one template call per shape.
+
+    Asking the server for every prompt would cost a round trip each, which is what batching
+    saves. So for each sequence of roles we render once with placeholder contents, keep the
+    literal text between them, and fill in each conversation's own contents. A template that
+    transforms content (trims, splits reasoning ...) would make that wrong, so the first real
+    conversation of each shape is also rendered by the server and compared; on a mismatch
+    that shape is rendered by the server per conversation. ``apply`` errors propagate.
+    """
+
+    def __init__(self, apply: ApplyTemplate) -> None:
+        self._apply = apply
+        self._shapes: dict[tuple[str, ...], asyncio.Future[list[str] | None]] = {}
+        self.server_renders = 0  # template calls made (for tests and stats)
+
+    async def _render(self, messages: list[Message]) -> str:
+        self.server_renders += 1
+        return await self._apply(messages)
+
+    async def _learn(self, conversation: list[Message]) -> list[str] | None:
+        """The literal pieces around each message's content, or None when they do not hold."""
+        placeholders = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(conversation)]
+        shaped, real = await asyncio.gather(
+            self._render(placeholders), self._render(conversation)
+        )
+        pieces: list[str] = []
+        rest = shaped
+        for i in range(len(conversation)):
+            before, found, rest = rest.partition(_SLOT.format(i))
+            if not found:
+                return None
+            pieces.append(before)
+        pieces.append(rest)
+        return pieces if fill(pieces, conversation) == real else None
+
+    async def _pieces(self, conversation: list[Message]) -> list[str] | None:
+        shape = tuple(str(m.get("role", "user")) for m in conversation)
+        known = self._shapes.get(shape)
+        if known is None:
+            known = asyncio.get_running_loop().create_future()
+            self._shapes[shape] = known
+            try:
+                known.set_result(await self._learn(conversation))
+            except BaseException as exc:
+                del self._shapes[shape]  # learn again next time
+                known.set_exception(exc)
+                known.exception()  # retrieved: other waiters re-raise it
+                raise
+        return await asyncio.shield(known)
+
+    async def render(self, conversation: list[Message]) -> str:
+        pieces = await self._pieces(conversation)
+        return fill(pieces, conversation) if pieces is not None else await self._render(
+            conversation
+        )
+
+    async def render_many(self, conversations: Sequence[list[Message]]) -> list[str]:
+        return list(await asyncio.gather(*(self.render(c) for c in conversations)))
+
+
+def fill(pieces: list[str], conversation: list[Message]) -> str:
+    """The template's literal ``pieces`` interleaved with the conversation's contents."""
+    out = [pieces[0]]
+    for piece, message in zip(pieces[1:], conversation, strict=True):
+        content = message.get("content")
+        out.append(content if isinstance(content, str) else "")
+        out.append(piece)
+    return "".join(out)

@@ -1,0 +1,68 @@
+"""``tool_calling="json"`` against the real engine: llama-server with SmolLM2-135M.
+
+This llama.cpp build does not make SmolLM2 emit native tool calls (issue 9), but it does
+constrain replies to a JSON schema, so json mode is how a tool-using batch runs on it. The
+tool counts its executions in the test's Redis, so coalescing of the shared keys shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from pydantic import BaseModel, Field
+
+from agentbatch import AgentResult, submit_batch
+from tests.support.tools import price
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+MODEL = "smollm2"
+ITEMS = ["kettle", "toaster"]  # 8 agents, 2 items: each price key is shared 4 ways
+SYSTEM = ("You are a shop assistant. You do not know any prices: to learn the price of an "
+          "item, call the price tool with the item's name. After the tool result arrives, "
+          "give the final answer with the item and its price.")
+TASK = "What is the price of the {item}?"
+
+
+class PriceReport(BaseModel):
+    item: str = Field(max_length=20)
+    price: str = Field(max_length=40)
+
+
+def _run(llama_server: Any, redis_url: str | None) -> list[AgentResult]:
+    handle = submit_batch(TASK, [{"item": ITEMS[i % 2]} for i in range(8)], model=MODEL,
+                          backend=llama_server.llamacpp_url, system_prompt=SYSTEM,
+                          tools=[price], output_schema=PriceReport, tool_calling="json",
+                          max_tokens=96, temperature=0.0, max_turns=3, redis_url=redis_url)
+    return handle.wait(timeout=900)
+
+
+def _check(results: list[AgentResult], redis_url: str) -> None:
+    valid = [r for r in results if r.ok and isinstance(r.output, PriceReport)]
+    used = [r for r in results if any(c.name == "price" and c.ok for c in r.tool_calls)]
+    client = redis.from_url(redis_url)
+    keys = client.keys("test:exec:price:a:*")
+    runs = sum(int(client.get(k) or 0) for k in keys)
+    calls = sum(1 for r in results for c in r.tool_calls if c.name == "price")
+    print(f"json tools on SmolLM2: {len(valid)}/8 valid, {len(used)}/8 used the tool, "
+          f"{calls} price calls, {runs} executions over {len(keys)} distinct keys; "
+          f"errors {[r.error for r in results if not r.ok][:3]}")
+    # Measured 8/8 valid and 8/8 using the tool in 3 runs at temperature 0 (embedded and
+    # distributed); one agent of slack for numeric differences between batched slots.
+    assert len(valid) >= 7
+    assert len(used) >= 7
+    assert runs == len(keys) < calls  # one execution per distinct key: the rest coalesced
+
+
+def test_json_tool_calling_embedded(llama_server: Any, redis_url: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_REDIS_URL", redis_url)  # where the tool counts
+    _check(_run(llama_server, None), redis_url)
+
+
+def test_json_tool_calling_distributed(llama_server: Any, redis_url: str,
+                                       start_workers: Any) -> None:
+    start_workers(1, concurrency=4, env={"AGENTBATCH_WORKER_IMPORTS": "tests.support,tests.engine"})
+    _check(_run(llama_server, redis_url), redis_url)
