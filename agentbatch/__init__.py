@@ -8,9 +8,11 @@ from .api import arun_batch, asubmit_batch, get_batch, run_batch, submit_batch
 from .errors import (
     AgentBatchError,
     BackendError,
+    BatchExpired,
     BatchLost,
     BatchSpecError,
     ConfigError,
+    RedisOutOfMemory,
     ToolError,
 )
 from .orchestrator.handle import BatchHandle
@@ -28,5 +30,5 @@ __all__ = [
     "Tool", "tool", "ToolContext",
     # errors
     "AgentBatchError", "BatchSpecError", "BackendError", "ConfigError", "ToolError",
-    "BatchLost",
+    "BatchLost", "BatchExpired", "RedisOutOfMemory",
 ]

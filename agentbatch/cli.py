@@ -6,10 +6,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -18,11 +18,22 @@ console = Console()
 
 
 @app.command()
-def demo(agents: int = typer.Option(100, help="How many agents."),
-         fixed_ms: float = typer.Option(60.0, help="Simulated forward-pass time (ms).")) -> None:
+def demo(agents: int | None = typer.Option(
+             None, help="How many agents (default 100; 20 with --engine llamacpp)."),
+         fixed_ms: float = typer.Option(60.0, help="Simulated forward-pass time (ms)."),
+         engine: str = typer.Option(
+             "sim", help="sim (a local simulator) or llamacpp (a real llama-server with "
+             "SmolLM2-135M, built on first use by `agentbatch engine install`).")) -> None:
     """Start a simulator and run a demo batch with a tool and a schema (embedded engine)."""
     from .demo import run_demo
 
+    if engine == "llamacpp":
+        from .cli_engine import run_engine_demo
+
+        raise typer.Exit(run_engine_demo(console, agents or 20))
+    if engine != "sim":
+        raise typer.BadParameter(f"--engine must be sim or llamacpp, not {engine!r}")
+    agents = agents or 100
     with console.status(f"running {agents} agents against a local simulator…"):
         report = run_demo(agents=agents, fixed_ms=fixed_ms)
     table = Table(title="agentbatch demo (embedded engine, simulator)", show_header=False)
@@ -55,12 +66,63 @@ def sim(ctx: typer.Context) -> None:
     main(list(ctx.args))
 
 
+def _check_worker_args(queues: str, redis_url: str) -> None:
+    """Refuse a queue no task is routed to, or a URL that is not Redis, before Celery starts
+    (it would consume nothing, or retry ``amqp://guest@<url>`` forever)."""
+    import difflib
+
+    from .errors import ConfigError
+    from .state.connection import check_url
+    from .workers.app import INFERENCE_QUEUE, TOOLS_QUEUE
+
+    known = [INFERENCE_QUEUE, TOOLS_QUEUE]
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if not names:
+        raise typer.BadParameter("name at least one queue: inference, tools, or both",
+                                 param_hint="--queues")
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise typer.BadParameter(f"unknown queue {name!r}{hint}; agentbatch routes work "
+                                     "to 'inference' and 'tools' only", param_hint="--queues")
+    try:
+        check_url(redis_url)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--redis-url") from None
+
+
+def _read_url_file(path: Path) -> str:
+    """The Redis URL from a file (first line, whitespace stripped); never echoes its text."""
+    try:
+        url = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {str(path)!r}: {type(exc).__name__}",
+                                 param_hint="--redis-url-file") from None
+    if not url or "\n" in url:
+        raise typer.BadParameter(f"{str(path)!r} must hold one Redis URL on one line",
+                                 param_hint="--redis-url-file")
+    return url
+
+
+def _fail(message: str) -> typer.Exit:
+    """One clear line on stderr and exit status 2 (bad input), instead of a traceback."""
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False,
+                               soft_wrap=True)
+    return typer.Exit(2)
+
+
 @app.command()
 def worker(
     queues: str = typer.Option("inference,tools", help="inference, tools, or both."),
     concurrency: int = typer.Option(16, help="Task slots (threads) in this process."),
     redis_url: str = typer.Option(None, envvar="AGENTBATCH_REDIS_URL",
-                                  help="Redis URL (broker + state)."),
+                                  help="Redis URL (broker + state). Shown by `ps`: with a "
+                                       "password, prefer the variable or --redis-url-file."),
+    redis_url_file: Path = typer.Option(None, envvar="AGENTBATCH_REDIS_URL_FILE",
+                                        dir_okay=False,
+                                        help="Read the Redis URL from this file (a mounted "
+                                             "secret), instead of --redis-url."),
     pool: str = typer.Option("threads", help="Celery pool: threads (IO-bound default), "
                                              "prefork, solo."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
@@ -68,11 +130,31 @@ def worker(
     loglevel: str = typer.Option("INFO"),
 ) -> None:
     """Run a worker process that executes agent turns and/or tool calls."""
+    if redis_url_file is not None:
+        if redis_url:
+            raise typer.BadParameter("give --redis-url (AGENTBATCH_REDIS_URL) or "
+                                     "--redis-url-file (AGENTBATCH_REDIS_URL_FILE), not both",
+                                     param_hint="--redis-url-file")
+        redis_url = _read_url_file(redis_url_file)
     if not redis_url:
-        raise typer.BadParameter("--redis-url (or AGENTBATCH_REDIS_URL) is required")
-    os.environ["AGENTBATCH_REDIS_URL"] = redis_url
+        raise typer.BadParameter("--redis-url (or AGENTBATCH_REDIS_URL, or --redis-url-file) "
+                                 "is required")
+    _check_worker_args(queues, redis_url)
+    from .errors import ConfigError
+    from .orchestrator.import_allowlist import WORKER_IMPORTS_ENV, require_worker_imports
+    from .workers.settings import WorkerSettings
+
+    try:  # plans in Redis name modules to import: a worker needs an explicit allowlist
+        require_worker_imports(os.environ.get(WORKER_IMPORTS_ENV))
+        WorkerSettings.from_env(redis_url)  # a bad AGENTBATCH_RETENTION_S, say, named now
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     from .workers import app as celery_app
     from .workers.app import celery_config
+    from .workers.settings import use_redis_url
+
+    use_redis_url(redis_url)  # never os.environ: tools and their subprocesses can read that
 
     celery_app.conf.update(celery_config(redis_url))
     if metrics_port:
@@ -91,8 +173,12 @@ def status(batch_id: str,
            redis_url: str = typer.Option(None, envvar="AGENTBATCH_REDIS_URL")) -> None:
     """Show a distributed batch's progress from any machine."""
     from . import get_batch
+    from .errors import AgentBatchError
 
-    counts = get_batch(batch_id, redis_url=redis_url).status()
+    try:
+        counts = get_batch(batch_id, redis_url=redis_url).status()
+    except AgentBatchError as exc:
+        raise _fail(str(exc)) from None
     table = Table(title=f"batch {batch_id}")
     table.add_column("state")
     table.add_column("count", justify="right")
@@ -101,37 +187,34 @@ def status(batch_id: str,
     console.print(table)
 
 
-def _load_inputs(source: Any, base: Path) -> list[dict[str, Any]]:
-    if isinstance(source, list):
-        return source
-    path = (base / str(source)).resolve()
-    if path.suffix == ".csv":
-        import csv
+def _run_help() -> str:
+    from .spec_file import EXAMPLE
 
-        with path.open(newline="") as f:
-            return list(csv.DictReader(f))
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    example = "\n".join(f"    {line}" for line in EXAMPLE.splitlines())
+    return ("Run a batch described by a YAML spec; results are written as JSONL as they "
+            "arrive.\n\nThe spec takes `task`, `inputs`, `output`, `tools` and "
+            "`output_schema` (import paths), and any other `submit_batch` keyword. "
+            f"Example:\n\n\b\n{example}")
 
 
-@app.command()
-def run(spec: Path = typer.Argument(..., exists=True, help="A YAML batch spec."),
+@app.command(help=_run_help())
+def run(spec: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                    help="A YAML batch spec."),
         output: Path = typer.Option(None, "--output", "-o", help="Results JSONL path.")) -> None:
-    """Run a batch described by a YAML spec; results are written as JSONL as they arrive."""
-    import yaml
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from . import submit_batch
-    from .orchestrator.runtime import import_object
+    from .errors import AgentBatchError
+    from .spec_file import load_inputs, load_spec
 
-    cfg = yaml.safe_load(spec.read_text()) or {}
-    inputs = _load_inputs(cfg.pop("inputs", []), spec.parent)
-    out_path = output or Path(cfg.pop("output", spec.with_suffix(".results.jsonl").name))
-    cfg.pop("output", None)
-    task = cfg.pop("task")
-    if isinstance(cfg.get("output_schema"), str):
-        cfg["output_schema"] = import_object(cfg["output_schema"])
+    try:
+        batch = load_spec(spec)
+        inputs = load_inputs(batch, spec.parent)
+        handle = submit_batch(batch.task, inputs, **batch.submit_kwargs())
+    except AgentBatchError as exc:
+        raise _fail(str(exc)) from None
+    out_path = output or Path(batch.output or spec.with_suffix(".results.jsonl").name)
     ok = failed = 0
-    handle = submit_batch(task, inputs, **cfg)
     with out_path.open("w") as out, Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console,
@@ -185,6 +268,12 @@ def chaos(ctx: typer.Context) -> None:
     """
     module = _checkout_module("tests.chaos.harness")
     raise typer.Exit(module.main(list(ctx.args)))  # type: ignore[attr-defined]
+
+
+app.add_typer(__import__("agentbatch.cli_dead_letters").cli_dead_letters.app, name="dead-letters")
+app.add_typer(__import__("agentbatch.cli_engine").cli_engine.app, name="engine")
+app.command("flower")(__import__("agentbatch.cli_flower").cli_flower.flower)
+__import__("agentbatch.cli_batches").cli_batches.register(app)  # ls, rm
 
 
 def main() -> None:

@@ -16,6 +16,8 @@ class BackendCapabilities:
     prefix_cache_metrics: bool = False  # exposes /metrics with prefix-cache hit rate
     prefix_warming: bool = False  # a warm-up request populates a server-side prefix cache
     batch_prompting: bool = False  # /v1/completions accepts a list of prompts
+    # tool_choice="required" actually forces a tool call (llama.cpp's grammar does not)
+    tool_choice_required: bool = True
     agent_hints: bool = False  # accepts per-request scheduling hints (Dynamo nvext)
     max_safe_concurrency: int = 256  # a sensible default for max_inflight
 
@@ -27,6 +29,7 @@ class ServerLoad:
     running: float = 0.0
     waiting: float = 0.0
     prefix_cache_hit_rate: float | None = None
+    queue_known: bool = True  # False: /metrics had no running/waiting gauge we understand
 
 
 @runtime_checkable

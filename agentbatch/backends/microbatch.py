@@ -16,7 +16,9 @@ single request by the end of its window is sent as a normal chat call, so a lone
 only the window, never a worse prompt rendering.
 
 The default renderer is ChatML (Qwen, many fine-tunes); pass ``render=`` for other models --
-with a raw prompt the server does not apply the model's chat template for us.
+with a raw prompt the server does not apply the model's chat template for us. A driver that can
+render with the server's own template (llama.cpp's ``/apply-template``) gets the conversations
+too and uses that instead.
 """
 
 from __future__ import annotations
@@ -196,11 +198,18 @@ class MicroBatchingBackend(BackendWrapper):
         self.prompts += 1
         group = self._groups.setdefault(key, _Group())
         group.items.append(item)
-        if len(group.items) >= self.max_batch:
+        if len(group.items) >= self._batch_limit():
             self._flush(key)
         elif group.timer is None:
             loop = asyncio.get_running_loop()
             group.timer = loop.call_later(self.window_s, self._flush, key)
+
+    def _batch_limit(self) -> int:
+        """``max_batch``, or less when the server says how many prompts it runs at once
+        (llama.cpp's slots): a bigger batch only queues there, and every prompt of a batch
+        waits for its slowest wave, so a large one outlasts the turn's timeout."""
+        hint = getattr(self._inner, "batch_limit", None)
+        return min(self.max_batch, hint) if isinstance(hint, int) and hint > 0 else self.max_batch
 
     def _flush(self, key: GroupKey) -> None:
         group = self._groups.pop(key, None)
@@ -242,6 +251,9 @@ class MicroBatchingBackend(BackendWrapper):
                 temperature=first.temperature,
                 json_schema=first.json_schema,
                 request_id=f"batch-{first.request_id}" if first.request_id else "",
+                # The conversations too, for a driver that renders with the server's template
+                # (llama.cpp); only when no custom ``render`` was chosen.
+                messages=[it.request.messages for it in items] if self.render is chatml else None,
             )
             if len(results) != len(items):
                 raise ServerError(

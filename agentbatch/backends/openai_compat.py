@@ -266,8 +266,13 @@ class OpenAICompatBackend:
         temperature: float | None = None,
         json_schema: dict[str, Any] | None = None,
         request_id: str = "",
+        messages: list[list[dict[str, Any]]] | None = None,
     ) -> list[ModelResponse | BackendError]:
         """Complete ``prompts`` with ONE ``/v1/completions`` call; a result or error per prompt.
+
+        ``prompts`` are sent as rendered by the caller (``messages`` is for drivers that render
+        with the server's template, such as llama.cpp's; unused here). The schema goes as
+        ``response_format``, which vLLM and SGLang read on ``/v1/completions``.
 
         If the batched call fails for any reason, each prompt is retried alone (concurrently),
         so one bad prompt never fails its siblings. Never raises ``BackendError``.

@@ -136,13 +136,17 @@ class PrefixCounters:
     queries: float
 
 
-_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+# llama.cpp: busy slots, and tasks deferred because no slot was free (its queue).
+_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
+_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
 _HIT_RATE_GAUGES = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
 _HIT_COUNTERS = (
     ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
     ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
 )
+# llama.cpp counts prompt tokens reused from its cache apart from those it computed.
+_LLAMACPP_CACHED = "llamacpp:prompt_tokens_cached_total"
+_LLAMACPP_COMPUTED = "llamacpp:prompt_tokens_total"
 # Dynamo's frontend counts queued requests inside its in-flight gauge.
 _DYNAMO_INFLIGHT = "dynamo_frontend_inflight_requests"
 _DYNAMO_QUEUED = "dynamo_frontend_queued_requests"
@@ -171,11 +175,10 @@ def parse_server_load(
             waiting = queued or 0.0
             running = max(0.0, (inflight or 0.0) - waiting)
 
+    queue_known = running is not None or waiting is not None
     counters: PrefixCounters | None = None
     hit_rate: float | None = None
-    for hits_name, queries_name in _HIT_COUNTERS:
-        hits = metric_sum(samples, hits_name)
-        queries = metric_sum(samples, queries_name)
+    for hits, queries in _hit_counters(samples):
         if hits is not None and queries is not None:
             counters = PrefixCounters(hits=hits, queries=queries)
             d_hits, d_queries = hits, queries
@@ -193,6 +196,16 @@ def parse_server_load(
     if running is None and waiting is None and hit_rate is None:
         return None, counters
     load = ServerLoad(
-        running=running or 0.0, waiting=waiting or 0.0, prefix_cache_hit_rate=hit_rate
+        running=running or 0.0, waiting=waiting or 0.0, prefix_cache_hit_rate=hit_rate,
+        queue_known=queue_known,
     )
     return load, counters
+
+
+def _hit_counters(samples: list[Sample]) -> Iterable[tuple[float | None, float | None]]:
+    """Cumulative (hits, queries) candidates in the order vLLM versions and llama.cpp name them."""
+    for hits_name, queries_name in _HIT_COUNTERS:
+        yield metric_sum(samples, hits_name), metric_sum(samples, queries_name)
+    cached = metric_sum(samples, _LLAMACPP_CACHED)
+    computed = metric_sum(samples, _LLAMACPP_COMPUTED)
+    yield cached, (None if cached is None or computed is None else cached + computed)

@@ -21,6 +21,7 @@ _DRIVERS: dict[str, str] = {
     "http": "agentbatch.backends.openai_compat:OpenAICompatBackend",
     "openai": "agentbatch.backends.openai_compat:OpenAICompatBackend",
     "dynamo": "agentbatch.backends.openai_compat:DynamoBackend",
+    "llamacpp": "agentbatch.backends.llamacpp:LlamaCppBackend",
     "anthropic": "agentbatch.backends.anthropic:AnthropicBackend",
     "bedrock": "agentbatch.backends.bedrock:BedrockBackend",
 }
@@ -49,16 +50,18 @@ def backend_from_url(
     timeout: float | None = None,
     max_connections: int = 1000,
     api_key: str | None = None,
+    trust_key_env: bool = True,
 ) -> Backend:
     """A backend for ``url`` (see ``urls.KNOWN_SCHEMES``).
 
     ``timeout`` is the default per-turn deadline in seconds (a request's own ``timeout_s``
     wins); ``api_key`` overrides the environment. ``?stream=1`` on an OpenAI-compatible URL
     builds the driver with ``stream=True`` (only then is ``stream`` passed, so drivers that
-    cannot stream need not accept it). Raises ``BatchSpecError`` for a malformed
+    cannot stream need not accept it). ``trust_key_env=False`` on workers: see
+    ``parse_backend_url``. Raises ``BatchSpecError`` for a malformed
     URL and ``ConfigError`` for a missing key or an unavailable driver.
     """
-    target: BackendTarget = parse_backend_url(url, api_key=api_key)
+    target: BackendTarget = parse_backend_url(url, api_key=api_key, trust_key_env=trust_key_env)
     path = _DRIVERS.get(target.scheme)
     if path is None:
         raise ConfigError(f"the {target.scheme}:// backend is not implemented yet")

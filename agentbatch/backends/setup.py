@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import BackendError, BackendUnavailable
+from ..errors import BackendError, BackendUnavailable, BatchSpecError
 from .aimd import AdaptiveBackend, AIMDController
-from .base import Backend
+from .base import Backend, BackendWrapper
 from .registry import backend_from_url
 from .retry import RetryingBackend, RetryPolicy
 
@@ -44,9 +44,11 @@ def _scheme(url: str) -> str:
     return url.split("://", 1)[0].partition("+")[0].strip().lower()
 
 
-def open_endpoint(url: str, *, timeout: float | None = None) -> Backend:
+def open_endpoint(
+    url: str, *, timeout: float | None = None, trust_key_env: bool = True
+) -> Backend:
     """One endpoint: the driver for ``url``, under AIMD when it is a hosted API."""
-    backend = backend_from_url(url, timeout=timeout)
+    backend = backend_from_url(url, timeout=timeout, trust_key_env=trust_key_env)
     if _scheme(url) in HOSTED_SCHEMES:
         safe = backend.capabilities.max_safe_concurrency
         controller = AIMDController(initial=safe, maximum=max(64, safe))
@@ -56,26 +58,91 @@ def open_endpoint(url: str, *, timeout: float | None = None) -> Backend:
 
 def open_backend(
     urls: list[str], *, timeout: float | None = None, policy: RetryPolicy | None = None,
-    batch_prompting: bool = False,
+    batch_prompting: bool = False, trust_key_env: bool = True,
 ) -> Backend:
     """One retrying backend for the batch's URL (or its pool of URLs / ``@hostfile``).
 
     ``batch_prompting`` gathers concurrent tool-free turns into one ``/v1/completions``
     request (``MicroBatchingBackend``), under the retry layer so a prompt whose fallback
-    fails is retried in a later batch."""
+    fails is retried in a later batch. Workers pass ``trust_key_env=False``: a plan written by
+    someone else may not choose which of the worker's variables is sent as a key
+    (``api_keys``)."""
     urls = expand_backend_urls(urls)
     if len(urls) == 1:
-        inner = open_endpoint(urls[0], timeout=timeout)
+        inner = open_endpoint(urls[0], timeout=timeout, trust_key_env=trust_key_env)
     else:
         from .pool import EndpointPool
 
         # Drivers connect lazily, so an error opening a later URL leaves nothing to close.
-        inner = EndpointPool([open_endpoint(u, timeout=timeout) for u in urls])
+        inner = EndpointPool(
+            [open_endpoint(u, timeout=timeout, trust_key_env=trust_key_env) for u in urls]
+        )
     if batch_prompting:
         from .microbatch import MicroBatchingBackend
 
         inner = MicroBatchingBackend(inner)
     return RetryingBackend(inner, policy or RetryPolicy())
+
+
+def check_batch_prompting(urls: list[str], *, has_tools: bool) -> None:
+    """``batch_prompting=True`` must be able to batch something, or it is refused at submit.
+
+    Native tool turns never travel as a raw prompt (``microbatch.batchable``; pass
+    ``has_tools`` False for ``tool_calling="json"``, whose turns are text), and a backend that
+    does not declare ``capabilities.batch_prompting`` would pass every turn straight through:
+    either way the option would silently do nothing.
+    """
+    if has_tools:
+        raise BatchSpecError(
+            "batch_prompting=True cannot apply to a batch with tools: native tool turns need "
+            "the server's chat endpoint (its template and tool-call parser), so no turn would "
+            "be batched; drop batch_prompting, or use tool_calling='json'"
+        )
+    for url in expand_backend_urls(urls):
+        backend = backend_from_url(url)  # drivers connect lazily: nothing to close here
+        if not (backend.capabilities.batch_prompting
+                and callable(getattr(backend, "complete_batch", None))):
+            raise BatchSpecError(
+                f"batch_prompting=True cannot apply to backend {backend.name}: it does not "
+                "take a list of prompts on /v1/completions (batch prompting is available on "
+                "vllm://, sglang://, llamacpp:// and sim:// URLs)"
+            )
+
+
+def endpoints(backend: Backend) -> list[Backend]:
+    """The endpoint drivers under the wrapping layers (several for an ``EndpointPool``)."""
+    while isinstance(backend, BackendWrapper):
+        backend = backend.inner
+    members = getattr(backend, "backends", None)
+    if isinstance(members, list):
+        return [e for member in members for e in endpoints(member)]
+    return [backend]
+
+
+async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:
+    """Before anything is dispatched: each endpoint is the server its URL says (a driver's own
+    ``preflight``, e.g. llama.cpp's ``/props``), and ``max_server_waiting`` has a queue gauge
+    to read on every endpoint. Raises ``ConfigError`` / ``BatchSpecError``."""
+    for endpoint in endpoints(backend):
+        check = getattr(endpoint, "preflight", None)
+        if check is not None:
+            await check(plan)
+        if plan.max_server_waiting is not None:
+            await _check_queue_gauge(endpoint, plan.max_server_waiting)
+
+
+async def _check_queue_gauge(endpoint: Backend, max_waiting: int) -> None:
+    fetch = getattr(endpoint, "fetch_load", None)
+    load = await fetch() if fetch is not None else None
+    if load is None or not load.queue_known:
+        why = ("it publishes no server metrics" if fetch is None
+               else "its /metrics did not answer with a queue gauge agentbatch understands "
+                    "(vllm:num_requests_waiting, sglang:num_queue_reqs, "
+                    "llamacpp:requests_deferred, dynamo_frontend_queued_requests)")
+        raise BatchSpecError(
+            f"max_server_waiting={max_waiting} cannot apply to backend {endpoint.name}: {why}; "
+            "drop max_server_waiting or point it at a server that publishes its queue"
+        )
 
 
 async def warm_backend(backend: Backend, plan: BatchPlan) -> None:

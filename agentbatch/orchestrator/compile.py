@@ -1,12 +1,12 @@
 """Validate a batch and compile it into a plan plus initial agent states.
 
-Every check that can fail runs here, before anything is sent or enqueued, and names the
-offending input index where one applies.
+Every check that can fail runs here, before anything is sent or enqueued: the parameters
+and inputs first (``validate``), then what only compiling can find (a template field an input
+lacks, a tool path that does not import, a backend URL that does not parse).
 """
 
 from __future__ import annotations
 
-import inspect
 import string
 import time
 import uuid
@@ -16,14 +16,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..backends.setup import expand_backend_urls
+from ..backends.setup import check_batch_prompting, expand_backend_urls
 from ..backends.urls import parse_backend_url
 from ..errors import BatchSpecError
 from ..toolpool import Tool, resolve_tool
 from .agent_state import AgentState
+from .json_tool_calling import instructions as json_instructions
+from .json_tool_calling import mode_for_backends
 from .options import BatchOptions
 from .output import OutputContract
 from .plan import BatchPlan, ToolRef
+from .validate import check_inputs, check_options, check_tools
 
 
 @dataclass
@@ -71,19 +74,9 @@ def render_prompt(task: str, fields: list[str], item: Mapping[str, Any], index: 
             from None
 
 
-def _coerce_input(item: Any, index: int) -> dict[str, Any]:
-    if isinstance(item, BaseModel):
-        return item.model_dump(mode="json")
-    if isinstance(item, Mapping):
-        return dict(item)
-    raise BatchSpecError(f"each input must be a dict, got {type(item).__name__}", index=index)
-
-
 def _resolve_tools(tools: Any) -> list[Tool]:
-    if isinstance(tools, str | Tool) or callable(tools):
-        tools = [tools]
     resolved: list[Tool] = []
-    for i, obj in enumerate(tools or ()):
+    for i, obj in enumerate(check_tools(tools)):
         try:
             resolved.append(resolve_tool(obj))
         except BatchSpecError as exc:
@@ -95,46 +88,8 @@ def _resolve_tools(tools: Any) -> list[Tool]:
     return resolved
 
 
-def _check_schema(schema: Any) -> None:
-    if schema is None:
-        return
-    if not (inspect.isclass(schema) and issubclass(schema, BaseModel)):
-        raise BatchSpecError(
-            f"output_schema must be a Pydantic model class (a BaseModel subclass) or None, "
-            f"got {schema!r}"
-        )
-
-
-def _check_limits(opts: BatchOptions) -> None:
-    if opts.checkpoint_dir is not None:
-        raise BatchSpecError("checkpoint_dir is not supported yet (checkpoint/resume of the "
-                             "embedded engine is planned); use the distributed engine "
-                             "(redis_url=...) for batches that must survive a crash")
-    if not isinstance(opts.max_turns, int) or opts.max_turns < 1:
-        raise BatchSpecError(f"max_turns must be an integer >= 1, got {opts.max_turns!r}")
-    if not isinstance(opts.max_retries, int) or opts.max_retries < 0:
-        raise BatchSpecError(f"max_retries must be an integer >= 0, got {opts.max_retries!r}")
-    if opts.max_inflight is not None and (
-        not isinstance(opts.max_inflight, int) or opts.max_inflight < 1
-    ):
-        raise BatchSpecError(f"max_inflight must be an integer >= 1, got {opts.max_inflight!r}")
-    for name in ("timeout_per_turn", "timeout_per_tool"):
-        value = getattr(opts, name)
-        if value is not None and not (isinstance(value, int | float) and value > 0):
-            raise BatchSpecError(f"{name} must be a positive number of seconds or None")
-    if not isinstance(opts.task, str) or not opts.task.strip():
-        raise BatchSpecError("task must be a non-empty template string")
-    if not isinstance(opts.model, str) or not opts.model:
-        raise BatchSpecError("model must be a non-empty string")
-
-
 def _backends(backend: Any) -> list[str]:
-    urls = [backend] if isinstance(backend, str) else list(backend or ())
-    if not urls:
-        raise BatchSpecError("backend must be a URL or a non-empty list of URLs")
-    for url in urls:
-        if not isinstance(url, str):
-            raise BatchSpecError(f"backend URLs must be strings, got {url!r}")
+    urls = [backend] if isinstance(backend, str) else list(backend)
     try:
         expanded = expand_backend_urls(urls)
     except OSError as exc:
@@ -159,22 +114,27 @@ def system_message(system_prompt: str | None, contract: OutputContract) -> str:
 
 def compile_batch(opts: BatchOptions) -> CompiledBatch:
     """Check everything, then build the plan and one state per input."""
-    _check_limits(opts)
-    _check_schema(opts.output_schema)
+    check_options(opts)
+    items = check_inputs(opts.inputs)
     backends = _backends(opts.backend)
     tools = _resolve_tools(opts.tools)
-    if isinstance(opts.inputs, Mapping | str | bytes):
-        raise BatchSpecError("inputs must be a list of dicts, one per agent")
-    items = [_coerce_input(item, i) for i, item in enumerate(opts.inputs)]
     fields = template_fields(opts.task)
     prompts = [render_prompt(opts.task, fields, item, i) for i, item in enumerate(items)]
     contract = OutputContract(opts.output_schema)
+    tool_calling = mode_for_backends(opts.tool_calling, backends, has_tools=bool(tools),
+                                     native_json_schema=opts.native_json_schema)
+    if opts.batch_prompting:  # json-mode tool turns are plain text: those can be batched
+        check_batch_prompting(backends, has_tools=bool(tools) and tool_calling != "json")
+    system = system_message(opts.system_prompt, contract)
+    if tool_calling == "json":  # the format and the tools, in the shared cached prefix
+        system = "\n\n".join(p for p in (opts.system_prompt or "", json_instructions(
+            [t.openai_schema() for t in tools], contract.json_schema)) if p)
     plan = BatchPlan(
         batch_id=opts.batch_id or uuid.uuid4().hex[:16],
         total=len(items),
         model=opts.model,
         backends=backends,
-        system_message=system_message(opts.system_prompt, contract),
+        system_message=system,
         tool_refs=[ToolRef(name=t.name, import_path=t.import_path) for t in tools],
         tool_schemas=[t.openai_schema() for t in tools],
         output_schema_path=schema_import_path(opts.output_schema),
@@ -191,6 +151,8 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         warm_prefix=opts.warm_prefix,
         batch_prompting=opts.batch_prompting,
         max_server_waiting=opts.max_server_waiting,
+        max_tool_calls_per_turn=opts.max_tool_calls_per_turn,
+        tool_calling=tool_calling,
         created_at=time.time(),
     )
     states = [

@@ -11,14 +11,15 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..errors import ServerBusy
 from ..results import AgentResult
 from .agent_state import AgentState
-from .backpressure import BackpressureGate
+from .backpressure import BackpressureGate, turn_deadline
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
 from .runtime import BatchRuntime
 from .turn_io import EarlyTools, call_model, run_tools
-from .turns import Abandoned, CallModel, Cancelled, Event, next_action, step
+from .turns import Abandoned, CallModel, Cancelled, Event, ModelFailed, next_action, step
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,12 @@ class EmbeddedEngine:
 
     async def _perform(self, state: AgentState, action: object, early: EarlyTools) -> Event:
         if isinstance(action, CallModel):
-            if self.gate is not None:
-                await self.gate.wait_ready()
+            if self.gate is not None:  # bounded by the turn's deadline; cancel() cancels it
+                deadline = turn_deadline(self.rt.plan.timeout_per_turn)
+                try:
+                    await self.gate.wait_ready(deadline=deadline)
+                except ServerBusy as exc:
+                    return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
             async with self.slots.slot(action.turns_left):
                 return await call_model(self.rt, state, action, early)
         return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]

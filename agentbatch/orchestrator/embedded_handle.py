@@ -12,7 +12,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from ..backends.setup import open_backend, warm_backend
+from ..backends.setup import open_backend, preflight_backend, warm_backend
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
 from .backpressure import BackpressureGate
@@ -47,6 +47,7 @@ class EmbeddedHandle(BatchHandle):
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                batch_prompting=plan.batch_prompting)
         try:
+            await preflight_backend(backend, plan)
             if plan.warm_prefix and self.total > 1:
                 await warm_backend(backend, plan)
         except BaseException:

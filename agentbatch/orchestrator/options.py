@@ -9,6 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 
 DEFAULT_MAX_INFLIGHT = 256
+# Tool calls run from one model reply; the rest are answered with an error, so one runaway
+# reply cannot flood the tool queue.
+DEFAULT_MAX_TOOL_CALLS_PER_TURN = 32
 
 
 @dataclass
@@ -34,6 +37,8 @@ class BatchOptions:
     warm_prefix: bool = True
     batch_prompting: bool = False
     max_server_waiting: int | None = None
+    max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    tool_calling: str = "native"
     redis_url: str | None = None
     batch_id: str | None = None
     checkpoint_dir: str | None = None

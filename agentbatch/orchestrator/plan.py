@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
+
 
 class ToolRef(BaseModel):
     """A tool by name plus where a worker can import it from (None: in-process only)."""
@@ -42,6 +44,9 @@ class BatchPlan(BaseModel):
     warm_prefix: bool = True
     batch_prompting: bool = False
     max_server_waiting: int | None = None
+    max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    # "native" or "json" (resolved from "auto" at submit): see ``json_tool_calling``.
+    tool_calling: str = "native"
     created_at: float = 0.0
 
     @property

@@ -48,8 +48,9 @@ def warmup_request(plan: BatchPlan) -> ModelRequest:
     return ModelRequest(
         model=plan.model,
         messages=[*prefix_messages(plan), {"role": "user", "content": "ok"}],
-        tools=plan.tool_schemas,
-        tool_choice="none" if plan.has_tools else None,
+        # json tool calling sends no native tools: the warm prefix must match its turns.
+        tools=plan.tool_schemas if plan.tool_calling != "json" else [],
+        tool_choice="none" if plan.has_tools and plan.tool_calling != "json" else None,
         max_tokens=1,
         request_id=f"{plan.batch_id}-warmup",
         agent_key=f"{plan.batch_id}:warmup",

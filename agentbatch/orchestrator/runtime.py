@@ -1,7 +1,8 @@
 """A batch made runnable: plan + policy + tools + output contract + backend.
 
 The embedded engine builds one from live objects; a worker builds one from a stored plan by
-importing tools and the schema by path.
+importing tools and the schema by path, only under its import allowlist (see
+``import_allowlist``: the plan comes from Redis, and importing a module runs its code).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pydantic import BaseModel
 from ..backends.base import Backend
 from ..errors import BatchSpecError
 from ..toolpool import Tool, ToolPool, resolve_tool
+from .import_allowlist import check_import_path
+from .json_tool_calling import final_parser
 from .output import OutputContract
 from .plan import BatchPlan
 from .turns import TurnPolicy
@@ -29,11 +32,13 @@ def import_object(path: str) -> Any:
     return obj
 
 
-def load_schema(plan: BatchPlan) -> type[BaseModel] | None:
+def load_schema(plan: BatchPlan, *, allowed_imports: tuple[str, ...]) -> type[BaseModel] | None:
+    """The plan's output schema, imported only if its module is under ``allowed_imports``."""
     if plan.output_json_schema is None:
         return None
     if not plan.output_schema_path:
         raise BatchSpecError(f"output schema {plan.output_schema_name} has no import path")
+    check_import_path(plan.output_schema_path, allowed_imports, "output schema")
     try:
         schema = import_object(plan.output_schema_path)
     except Exception as exc:
@@ -45,15 +50,20 @@ def load_schema(plan: BatchPlan) -> type[BaseModel] | None:
     return schema
 
 
-def load_tools(plan: BatchPlan) -> list[Tool]:
-    tools = []
+def load_tools(plan: BatchPlan, *, allowed_imports: tuple[str, ...]) -> list[Tool]:
+    """The plan's tools; every path is checked against ``allowed_imports`` before any import."""
+    paths: list[tuple[str, str]] = []
     for ref in plan.tool_refs:
         if not ref.import_path:
             raise BatchSpecError(f"tool {ref.name!r} has no import path")
+        check_import_path(ref.import_path, allowed_imports, f"tool {ref.name!r}:")
+        paths.append((ref.name, ref.import_path))
+    tools = []
+    for name, path in paths:
         try:
-            tools.append(resolve_tool(ref.import_path))
+            tools.append(resolve_tool(path))
         except BatchSpecError as exc:
-            raise BatchSpecError(f"tool {ref.name!r}: {exc}") from None
+            raise BatchSpecError(f"tool {name!r}: {exc}") from None
     return tools
 
 
@@ -69,5 +79,7 @@ class BatchRuntime:
         self.policy = TurnPolicy(
             max_turns=self.plan.max_turns,
             max_retries=self.plan.max_retries,
-            parse_output=self.contract.parse,
+            parse_output=(final_parser(self.contract) if self.plan.tool_calling == "json"
+                          else self.contract.parse),
+            max_tool_calls_per_turn=self.plan.max_tool_calls_per_turn,
         )

@@ -13,6 +13,7 @@ from ..errors import BackendError
 from ..model_io import ToolCall, ToolOutcome
 from ..toolpool import ToolContext
 from .agent_state import AgentState
+from .json_tool_calling import adapt_request, parse_reply
 from .render import build_request
 from .runtime import BatchRuntime
 from .turns import CallModel, Event, ModelFailed, ModelReplied, RunTools, ToolsFinished
@@ -23,16 +24,25 @@ log = logging.getLogger(__name__)
 async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
                      early: EarlyTools | None = None) -> Event:
     request = build_request(rt.plan, state, action)
+    json_tools = rt.plan.tool_calling == "json"
+    if json_tools:  # tools as one guided-JSON union, at this edge: the loop stays the same
+        request = adapt_request(rt.plan, request, allow_tools=action.allow_tools)
+    # One budget for the agent: HTTP retries inside this call count against max_retries, so
+    # max_retries=0 means one attempt, and timeout_per_turn bounds all of this call's attempts.
+    request.max_attempts = max(rt.policy.max_retries - state.retries, 0) + 1
     try:
         with tool_call_listener(early):
             response = await rt.backend.complete(request)
     except BackendError as exc:
-        return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
+        return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable,
+                           attempts=exc.attempts)
     except Exception as exc:  # a bug in a backend must end one agent, not the batch
         log.exception("backend raised unexpectedly for agent %s", state.index)
         return ModelFailed(kind="internal", message=f"{type(exc).__name__}: {exc}",
                            retryable=False)
-    return ModelReplied(response)
+    if json_tools:
+        response = parse_reply(response, allow_tools=action.allow_tools, turn=state.steps + 1)
+    return ModelReplied(response, attempts=response.attempts)
 
 
 def tool_context(rt: BatchRuntime, state: AgentState, call_id: str,
@@ -46,9 +56,9 @@ def tool_context(rt: BatchRuntime, state: AgentState, call_id: str,
 class EarlyTools:
     """Tool calls a streaming backend announced before its turn ended, already running.
 
-    Only ``cacheable`` tools start early: they are declared safe to run more than once, so a
-    turn that fails after announcing a call leaves no side effect behind. The others wait
-    for the state machine's ``RunTools`` as usual.
+    Only tools declared safe to share (``cacheable`` or ``coalesce``: read-only) start early:
+    they may run more than once, so a turn that fails after announcing a call leaves no side
+    effect behind. Every other tool waits for the state machine's ``RunTools`` as usual.
     """
 
     def __init__(self, rt: BatchRuntime, state: AgentState) -> None:
@@ -58,7 +68,8 @@ class EarlyTools:
 
     def __call__(self, call: ToolCall) -> None:
         tool = self.rt.tools.get(call.name)
-        if tool is None or not tool.cacheable or call.arguments_error or call.id in self.tasks:
+        if tool is None or not tool.shares_calls or call.arguments_error \
+                or call.id in self.tasks:
             return
         # The tool context is the one RunTools would give: the turn this reply completes.
         ctx = tool_context(self.rt, self.state, call.id, turn=self.state.steps + 1)

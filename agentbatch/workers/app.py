@@ -13,6 +13,8 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from ..state.connection import broker_ssl, broker_url
+
 INFERENCE_QUEUE = "inference"
 TOOLS_QUEUE = "tools"
 TURN_TASK = "agentbatch.turn"
@@ -34,7 +36,9 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         "retry_on_timeout": True,
     }
     return {
-        "broker_url": redis_url,
+        # one reading of the URL for broker and state: unix sockets, verified TLS
+        "broker_url": broker_url(redis_url),
+        "broker_use_ssl": broker_ssl(redis_url),
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],  # never pickle: it runs code on load
@@ -64,13 +68,25 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # poison queue messages are dead-lettered, not fatal (workers/poison.py)
+        "worker_consumer": "agentbatch.workers.poison:Consumer",
     }
 
 
 def make_app(redis_url: str) -> Celery:
     app = Celery("agentbatch", set_as_current=False)
     app.conf.update(celery_config(redis_url))
+    app.on_after_finalize.connect(_only_agentbatch_tasks, weak=False)
     return app
+
+
+def _only_agentbatch_tasks(sender: Celery, **_: Any) -> None:
+    """Unregister Celery's built-in ``celery.*`` tasks (chord_unlock, map, accumulate, ...).
+
+    Anyone who can LPUSH to a queue could otherwise make workers run them; we use none, so a
+    worker accepts only ``agentbatch.*`` tasks and discards any other as unregistered."""
+    for name in [n for n in sender._tasks if not n.startswith("agentbatch.")]:
+        sender._tasks.unregister(name)
 
 
 @cache

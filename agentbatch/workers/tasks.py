@@ -12,7 +12,7 @@ import threading
 
 from celery import signals
 
-from . import kombu_client_cache, loop
+from . import kombu_client_cache, loop, oom
 from .app import SWEEP_TASK, TOOL_TASK, TURN_TASK, app
 from .context import worker_context
 from .dispatch import broker_client, publish
@@ -42,9 +42,7 @@ def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
 @app.task(name=SWEEP_TASK, bind=True)
 def sweep_task(self) -> int:
     """Run one recovery sweep now (the workers also sweep on a timer)."""
-    followups = loop.run(sweep_once(worker_context()))
-    publish(self.app, followups)
-    return len(followups)
+    return loop.run(sweep_once(worker_context()))
 
 
 class Sweeper(threading.Thread):
@@ -60,13 +58,17 @@ class Sweeper(threading.Thread):
     def run(self) -> None:
         interval = worker_context().settings.sweep_interval_s
         while not self.stop.wait(interval):
+            oom.watch.check(worker_context().settings.redis_url)  # only while Redis is full
             try:
-                publish(app, loop.run(sweep_once(worker_context()), timeout=120))
-                if self.watchdog and self.watchdog.stalled(broker_client(app), self.slots):
-                    self.watchdog.restart_process()
-                    return
+                loop.run(sweep_once(worker_context()), timeout=120)
             except Exception:
                 log.warning("recovery sweep failed; will retry", exc_info=True)
+            try:  # apart from the sweep: a failing sweep must not switch the watchdog off
+                if self.watchdog and self.watchdog.stalled(broker_client(app), self.slots):
+                    self.watchdog.restart_in_place()
+                    return
+            except Exception:
+                log.warning("consumer watchdog check failed; will retry", exc_info=True)
 
 
 _sweeper: Sweeper | None = None
@@ -76,6 +78,7 @@ _watchdog: ConsumerWatchdog | None = None
 @signals.worker_ready.connect
 def _start_sweeper(sender: object = None, **_: object) -> None:
     global _sweeper, _watchdog
+    oom.install()  # Redis out of memory: one clear error in the log, not a loop
     consumer = getattr(sender, "consumer", None) or sender
     queues = [q.name for q in getattr(getattr(consumer, "task_consumer", None), "queues", [])]
     slots = getattr(getattr(consumer, "pool", None), "limit", None) or 1
@@ -87,20 +90,9 @@ def _start_sweeper(sender: object = None, **_: object) -> None:
 
 @signals.task_received.connect
 def _on_received(**_: object) -> None:
+    """Sent by the consumer in the parent process for every pool (prerun is the child's)."""
     if _watchdog is not None:
         _watchdog.received()
-
-
-@signals.task_prerun.connect
-def _on_start(**_: object) -> None:
-    if _watchdog is not None:
-        _watchdog.started()
-
-
-@signals.task_postrun.connect
-def _on_finish(**_: object) -> None:
-    if _watchdog is not None:
-        _watchdog.finished()
 
 
 @signals.worker_shutting_down.connect

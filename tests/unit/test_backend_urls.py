@@ -14,7 +14,7 @@ def _no_openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
-@pytest.mark.parametrize("scheme", ["vllm", "sglang", "dynamo", "sim"])
+@pytest.mark.parametrize("scheme", ["vllm", "sglang", "dynamo", "sim", "llamacpp"])
 def test_self_hosted_schemes_map_to_http(scheme: str) -> None:
     t = parse_backend_url(f"{scheme}://gpu-box:8000")
     assert t == BackendTarget(scheme, "http://gpu-box:8000", f"{scheme}://gpu-box:8000")
@@ -164,6 +164,7 @@ def test_spec_errors_are_value_errors() -> None:
         ("http://h:1/v1", "OpenAICompatBackend"),
         ("openai://localhost:1", "OpenAICompatBackend"),
         ("dynamo://h:1", "DynamoBackend"),
+        ("llamacpp://h:1", "LlamaCppBackend"),
     ],
 )
 async def test_registry_picks_driver_by_scheme(url: str, cls_name: str) -> None:
@@ -188,6 +189,9 @@ async def test_registry_capabilities_per_scheme() -> None:
     openai = backend_from_url("openai://", api_key="sk-x").capabilities
     assert openai.native_json_schema and openai.max_safe_concurrency == 64
     assert not (openai.prefix_warming or openai.prefix_cache_metrics or openai.batch_prompting)
+    llamacpp = backend_from_url("llamacpp://h:1").capabilities
+    assert llamacpp.native_json_schema and llamacpp.batch_prompting
+    assert llamacpp.prefix_cache_metrics and not llamacpp.tool_choice_required
 
 
 @pytest.mark.parametrize(
