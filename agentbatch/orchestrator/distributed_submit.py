@@ -22,7 +22,13 @@ from ..backends.setup import open_backend, preflight_backend, warm_backend
 from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError
 from ..state.connection import mask_url, sync_client
 from ..state.keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
-from ..state.redis_store import DEFAULT_RETENTION_S, initial_meta, now_ms, retention_ms
+from ..state.redis_store import (
+    DEFAULT_RETENTION_S,
+    initial_meta,
+    now_ms,
+    retention_ms,
+    sync_clock_blocking,
+)
 from ..state.retention import missing_error
 from ..toolpool import resolve_tool
 from ..workers.app import client_app
@@ -82,6 +88,7 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
     k = BatchKeys(plan.batch_id)
     if client.exists(k.plan):
         raise BatchSpecError(f"a batch with id {plan.batch_id!r} already exists")
+    sync_clock_blocking(client)  # deadlines in Redis's clock, like the workers'
     deadline = now_ms() + grace_ms
     with client.pipeline(transaction=True) as p:
         p.set(k.plan, plan.model_dump_json())

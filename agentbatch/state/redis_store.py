@@ -22,8 +22,44 @@ TOOL_RESULTS_TTL_S = 7 * 24 * 3600  # a backstop: the commit that consumes a rou
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # AGENTBATCH_RETENTION_S (workers/settings.py)
 
 
+CLOCK_RESYNC_S = 60.0  # how long a process carries Redis's time forward on its own
+_clock: tuple[float, float] | None = None  # (Redis ms, time.monotonic()) at the last sync
+
+
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Redis's clock (TIME) as of the last ``sync_clock``, carried forward by this process's
+    monotonic clock; the wall clock only before the first sync.
+
+    Progress deadlines (the watch zset) are written by one worker and compared by another (the
+    sweep): with each worker's wall clock, one running 31 s ahead re-sent live agents as lost
+    or hid a dead worker's agent for 31 s more. One process talks to one Redis, so one offset.
+    """
+    if _clock is None:
+        return int(time.time() * 1000)
+    base_ms, base_mono = _clock
+    return int(base_ms + (time.monotonic() - base_mono) * 1000)
+
+
+def note_redis_time(reply: Any, sent_mono: float) -> None:
+    """Adopt a ``TIME`` reply (seconds, microseconds) sent at ``sent_mono`` as our clock."""
+    global _clock
+    secs, micros = reply
+    received = time.monotonic()
+    _clock = (int(secs) * 1000 + int(micros) / 1000, (sent_mono + received) / 2)
+
+
+async def sync_clock(client: Any, *, force: bool = False) -> None:
+    """Ask Redis for the time unless we did less than ``CLOCK_RESYNC_S`` ago."""
+    if not force and _clock is not None and time.monotonic() - _clock[1] < CLOCK_RESYNC_S:
+        return
+    sent = time.monotonic()
+    note_redis_time(await client.time(), sent)
+
+
+def sync_clock_blocking(client: Any) -> None:
+    """``sync_clock`` for a synchronous client (the submitting process), always."""
+    sent = time.monotonic()
+    note_redis_time(client.time(), sent)
 
 
 @dataclass(frozen=True)
@@ -51,6 +87,7 @@ class BatchStore:
 
     async def claim_turn(self, index: int, version: int, token: str, ttl_ms: int) -> Claim:
         k = self.k
+        await sync_clock(self.r)
         reply = await self.s.claim(keys=[k.ver, k.state, k.lease(index), k.watch, k.meta, k.run],
                                    args=[index, version, token, ttl_ms, now_ms()])
         if reply[0] == "busy":
@@ -131,7 +168,8 @@ class BatchStore:
         return {cid: ToolOutcome.model_validate_json(v) for cid, v in raw.items()}
 
     async def due(self, limit: int = 200) -> list[int]:
-        """Agents whose progress deadline has passed."""
+        """Agents whose progress deadline has passed (by Redis's clock)."""
+        await sync_clock(self.r)
         found = await self.r.zrangebyscore(self.k.watch, "-inf", now_ms(), start=0, num=limit)
         return [int(i) for i in found]
 
@@ -162,6 +200,7 @@ class BatchStore:
 
     async def tool_running(self, index: int, version: int, ttl_ms: int) -> bool:
         """A tool call of this round runs: mark the version started, deadline now + ttl."""
+        await sync_clock(self.r)
         return bool(await self.s.tool_touch(keys=[self.k.ver, self.k.watch, self.k.run],
                                             args=[index, version, now_ms() + ttl_ms]))
 

@@ -12,7 +12,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "renew", "release", "record_
          "lock_renew",
          "tool_finish",
          "sem_throttle", "sem_success",
-         "note")
+         "note", "sem_renew", "rate_take")
 
 
 @cache
@@ -37,6 +37,8 @@ class Scripts:
     sem_acquire: Any
     sem_throttle: Any
     sem_success: Any
+    sem_renew: Any
+    rate_take: Any
     tool_lead: Any
     tool_finish: Any
     lock_renew: Any

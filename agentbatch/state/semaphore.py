@@ -9,34 +9,55 @@ the ``<sem key>:aimd`` hash (``limit``, ``last_throttle_ms``, ``last_decrease_ms
 ``last_increase_ms``) and the effective cap is ``min(limit, aimd limit)``. A throttle seen by
 any worker halves it for all (at most once per ``cooldown_ms``: a burst of 429s is one
 signal); after ``quiet_ms`` without throttles or increases, a success adds one slot back.
-Times come from ``clock`` and travel as script arguments, so tests control them. Each write
+Every time is Redis's own (``TIME`` inside the scripts), never a worker's wall clock: holders
+and throttles written by one worker are compared by another, and a worker whose clock ran 31 s
+ahead used to evict every live holder. ``clock`` is a test hook for the AIMD scripts only
+(cooldown and quiet periods); slot expiry always uses Redis time. Each write
 to the hash sets it to expire ``idle_ms`` (10 minutes) later: once the fleet has been idle that
 long, old throttles are forgotten and a new batch starts at the configured limit, not at a
 limit a burst of 429s left behind hours ago.
 
 Waiting for a slot is bounded like every wait of a turn: by the turn's deadline (then
 ``ServerBusy``, retryable) and by the batch's cancel flag (then ``BatchCancelled``).
+
+A holder that loses its slot (expired while its renewer was starved, evicted, deleted) learns
+it: the renewer finds it gone, sets ``Slot.lost``, counts it in ``lost`` and logs a warning,
+then re-admits it as soon as the fleet has a free slot again (``Slot.readmitted``). It never
+takes a slot back past the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BatchCancelled, ServerBusy
 from .keys import semaphore
-from .redis_store import now_ms
 from .scripts import Scripts
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
 CancelCheck = Callable[[], Awaitable[bool]]
 CANCEL_CHECK_S = 0.5  # how often a waiting slot() asks ``cancelled()``
 AIMD_IDLE_MS = 10 * 60 * 1000  # the AIMD hash expires this long after its last write
+
+
+@dataclass
+class Slot:
+    """What ``slot()`` yields: ``lost`` is set once the holder was found gone from the zset
+    (and stays set: the request ran uncounted for a while, even if later re-admitted)."""
+
+    holder: str
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    readmitted: int = 0  # times the renewer got a lost slot back (a free slot was there)
 
 
 class RedisSemaphore:
@@ -61,7 +82,7 @@ class RedisSemaphore:
         self.cooldown_ms = cooldown_ms
         self.quiet_ms = quiet_ms
         self.idle_ms = idle_ms
-        self._clock: Clock = clock or now_ms
+        self._clock: Clock | None = clock  # AIMD test hook; None: Redis TIME
         # The shared AIMD limit as last seen by this process (None: none set), once seen. It
         # lets ``on_success`` skip the Redis round trip while there is nothing to recover.
         self.seen_limit: int | None = None
@@ -69,6 +90,7 @@ class RedisSemaphore:
         self.throttles = 0  # on_throttle calls
         self.decreases = 0  # ... that halved the shared limit
         self.increases = 0  # on_success calls that raised it
+        self.lost = 0  # held slots found gone by their renewer
 
     def _note(self, dynamic: Any) -> int | None:
         value = int(dynamic)
@@ -79,7 +101,7 @@ class RedisSemaphore:
     async def try_acquire(self, holder: str) -> bool:
         ok, dynamic = await self._s.sem_acquire(
             keys=[self.key, self.aimd_key],
-            args=[holder, self.limit, self.ttl_ms, self._clock()],
+            args=[holder, self.limit, self.ttl_ms],
         )
         self._note(dynamic)
         return bool(ok)
@@ -87,8 +109,16 @@ class RedisSemaphore:
     async def release(self, holder: str) -> None:
         await self._r.zrem(self.key, holder)
 
+    async def renew(self, holder: str) -> bool:
+        """Push a held slot's expiry; False when the holder is no longer in the zset."""
+        return bool(await self._s.sem_renew(keys=[self.key], args=[holder, self.ttl_ms]))
+
+    def _now_arg(self) -> int | str:
+        return self._clock() if self._clock is not None else ""
+
     async def holders(self) -> int:
-        await self._r.zremrangebyscore(self.key, "-inf", self._clock())
+        secs, micros = await self._r.time()
+        await self._r.zremrangebyscore(self.key, "-inf", int(secs) * 1000 + int(micros) // 1000)
         return int(await self._r.zcard(self.key))
 
     async def effective_limit(self) -> int:
@@ -101,7 +131,7 @@ class RedisSemaphore:
         self.throttles += 1
         halved, dynamic = await self._s.sem_throttle(
             keys=[self.aimd_key],
-            args=[self.limit, self._clock(), self.cooldown_ms, self.idle_ms]
+            args=[self.limit, self._now_arg(), self.cooldown_ms, self.idle_ms]
         )
         self._note(dynamic)
         if halved:
@@ -118,7 +148,7 @@ class RedisSemaphore:
         if self._seen and (self.seen_limit is None or self.seen_limit >= self.limit):
             return False
         increased, dynamic = await self._s.sem_success(
-            keys=[self.aimd_key], args=[self.limit, self._clock(), self.quiet_ms, self.idle_ms]
+            keys=[self.aimd_key], args=[self.limit, self._now_arg(), self.quiet_ms, self.idle_ms]
         )
         self._note(dynamic)
         if increased:
@@ -128,7 +158,7 @@ class RedisSemaphore:
     @contextlib.asynccontextmanager
     async def slot(self, ready: Callable[[], Awaitable[None]] | None = None, *,
                    deadline: float | None = None,
-                   cancelled: CancelCheck | None = None) -> AsyncIterator[str]:
+                   cancelled: CancelCheck | None = None) -> AsyncIterator[Slot]:
         """Hold one slot for the body; ``ready`` (backpressure) is awaited before each try.
 
         ``deadline`` (``time.monotonic()``) bounds the wait: past it, ``ServerBusy``.
@@ -152,15 +182,32 @@ class RedisSemaphore:
                     raise BatchCancelled("the batch was cancelled")
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, self.max_backoff_s)
-        renewer = asyncio.create_task(self._renew(holder))
+        held = Slot(holder)
+        renewer = asyncio.create_task(self._renew(held))
         try:
-            yield holder
+            yield held
         finally:
             renewer.cancel()
             await asyncio.shield(self.release(holder))
 
-    async def _renew(self, holder: str) -> None:
+    async def _renew(self, held: Slot) -> None:
+        """Keep the slot alive; notice (and report) when it is gone, and re-admit it."""
+        counted = True  # the holder is in the zset, as far as we know
         while True:
             await asyncio.sleep(self.ttl_ms / 3000)
-            with contextlib.suppress(Exception):
-                await self.try_acquire(holder)  # re-scores an existing holder
+            try:
+                if counted:
+                    if await self.renew(held.holder):
+                        continue
+                    counted = False
+                    held.lost.set()
+                    self.lost += 1
+                    log.warning("inference slot %s of %s was lost (expired or evicted) while "
+                                "held: this request runs uncounted until a slot is free",
+                                held.holder, self.key)
+                if await self.try_acquire(held.holder):  # only when the fleet has room
+                    counted = True
+                    held.readmitted += 1
+                    log.info("lost inference slot %s of %s re-admitted", held.holder, self.key)
+            except Exception as exc:  # Redis unreachable: the next round tries again
+                log.debug("renewing slot %s failed: %s", held.holder, exc)

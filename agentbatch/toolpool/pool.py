@@ -57,7 +57,8 @@ class ToolPool:
     ``TTLCache``; pass Redis-backed implementations to share them across a worker fleet.
     ``fleet_cache`` holds the results of ``share="fleet"`` tools (default: one cache for the
     whole process). ``tools`` may also hold "module:attr" import paths (how workers rebuild
-    the pool).
+    the pool). ``bucket_factory(tool)`` builds each rate-limited tool's bucket (anything with
+    ``async acquire()``; default: an in-process ``TokenBucket``).
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class ToolPool:
         fleet_cache: ResultCache | None = None,
         cache_ttl: float = 3600.0,
         default_timeout: float | None = None,
+        bucket_factory: Callable[[Tool], Any] | None = None,
     ) -> None:
         self._tools: dict[str, Tool] = {}
         for item in tools:
@@ -85,9 +87,10 @@ class ToolPool:
         self._coalescer: Coalescer = coalescer if coalescer is not None else InflightCoalescer()
         self._cache: ResultCache = cache if cache is not None else TTLCache(ttl=cache_ttl)
         self._fleet_cache: ResultCache = fleet_cache if fleet_cache is not None else _PROCESS_CACHE
-        self._buckets = {
-            t.name: TokenBucket(t.rate_limit) for t in self._tools.values() if t.rate_limit
-        }
+        # rate limits: an in-process bucket per tool unless ``bucket_factory`` (distributed
+        # workers: one bucket in Redis per tool, shared by the fleet) says otherwise
+        make = bucket_factory or (lambda t: TokenBucket(t.rate_limit))
+        self._buckets = {t.name: make(t) for t in self._tools.values() if t.rate_limit}
         self._stats: dict[str, dict[str, int]] = {}
 
     # -- introspection -------------------------------------------------------------------

@@ -50,7 +50,9 @@ class Tool:
     description: str = ""
     parameters: dict[str, Any] | None = field(default=None, compare=False)  # JSON schema, object
     cacheable: bool = False  # pure function of its arguments: results may be cached and shared
-    rate_limit: float | None = None  # max executions per second (token bucket, burst 1)
+    # max executions per second (token bucket, burst 1): per process on the embedded engine,
+    # fleet-wide (one bucket in Redis, toolpool/redis_rate.py) on the distributed one
+    rate_limit: float | None = None
     timeout: float | None = None  # seconds per execution
     import_path: str | None = None  # "module:attr" a worker process re-imports this Tool from
     spec: ArgSpec = field(default=None, repr=False, compare=False)  # type: ignore[assignment]

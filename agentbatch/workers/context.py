@@ -31,6 +31,7 @@ from ..state.scripts import Scripts
 from ..state.semaphore import RedisSemaphore
 from ..toolpool import ToolPool
 from ..toolpool.redis_coalesce import DoneHub, RedisCoalescer, RedisResultCache
+from ..toolpool.redis_rate import redis_buckets
 from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ class WorkerContext:
         except BatchSpecError as exc:
             return self._broken(plan, store, str(exc), "schema_import")
         contract = OutputContract(schema)
-        pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache, fleet_cache=self.cache)
+        pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache, fleet_cache=self.cache,
+                        bucket_factory=redis_buckets(self.redis, self.scripts))
         try:
             backend = self._backend(plan)
         except (BatchSpecError, ConfigError) as exc:  # a hostfile, a key, a URL of this node

@@ -1,10 +1,16 @@
 -- Fleet-wide AIMD, additive increase: a worker's model call succeeded.
--- KEYS: aimd hash   ARGV: configured_limit, now_ms, quiet_ms, idle_ms
+-- KEYS: aimd hash   ARGV: configured_limit, now_ms ('' = Redis TIME), quiet_ms, idle_ms
 -- +1 (capped at the configured limit) only when quiet_ms passed since the last throttle AND
 -- since the last increase, so the whole fleet grows by one per quiet period, not one per call.
 -- Returns {increased 0/1, limit or -1 when no dynamic limit is set}.
 local configured = tonumber(ARGV[1])
+-- now: Redis's clock (TIME) unless a test passes one: cooldown and quiet periods compare
+-- times written by different workers, so they must come from one clock.
 local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local quiet = tonumber(ARGV[3])
 local current = tonumber(redis.call('HGET', KEYS[1], 'limit'))
 if not current then return {0, -1} end

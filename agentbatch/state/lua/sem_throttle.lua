@@ -1,11 +1,17 @@
 -- Fleet-wide AIMD, multiplicative decrease: a worker saw a 429/throttle.
--- KEYS: aimd hash   ARGV: configured_limit, now_ms, cooldown_ms, idle_ms
+-- KEYS: aimd hash   ARGV: configured_limit, now_ms ('' = Redis TIME), cooldown_ms, idle_ms
 -- Halves min(stored, configured) -- never below 1 -- unless the last halving (by any worker)
 -- was less than cooldown_ms ago: one overload arrives as a burst of 429s. Every throttle,
 -- halving or not, restarts the quiet period that gates recovery (last_throttle_ms).
 -- Returns {halved 0/1, limit}.
 local configured = tonumber(ARGV[1])
+-- now: Redis's clock (TIME) unless a test passes one: cooldown and quiet periods compare
+-- times written by different workers, so they must come from one clock.
 local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local current = tonumber(redis.call('HGET', KEYS[1], 'limit')) or configured
 if current > configured then current = configured end
 redis.call('HSET', KEYS[1], 'last_throttle_ms', now)
