@@ -233,6 +233,18 @@ def render_chaos(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", *bullets])
 
 
+def render_rate_limit(data: dict[str, Any]) -> str:
+    r = data["result"]
+    head = (f"### Per-tool rate limit across {r['tool_workers']} tool workers "
+            f"({data['label']}): `@tool(rate_limit={fmt(r['limit_per_s'])})`, "
+            f"{r['calls']} calls")
+    tbl = table(["calls ok", "executions", "limit /s", "achieved /s", "achieved / limit",
+                 "wall s"],
+                [[r["ok"], r["executions"], fmt(r["limit_per_s"]), fmt(r["achieved_per_s"]),
+                  fmt(r["achieved_over_limit"]), fmt(r["wall_s"])]])
+    return "\n".join([head, "", tbl, "", _machine_line(data)])
+
+
 def render_recovery(data: dict[str, Any]) -> str:
     d = data.get("defaults") or {}
     head = (f"### Recovery after a worker SIGKILL, default settings ({data['label']}): "
@@ -258,10 +270,32 @@ def render_memory(data: dict[str, Any]) -> str:
         f"{data['rss_growth_mib_first_to_last_batch']} (max **{fmt(data['max_growth_mib'])}**)"])
 
 
+def render_engine(data: dict[str, Any]) -> str:
+    """benchmarks/bench_engine.py: the systems on llama-server + SmolLM2, medians per workload."""
+    s = data.get("settings", {})
+    parts = [f"### On the real engine (llama-server, SmolLM2-135M Q4_1, "
+             f"{s.get('parallel_slots')} slots, max_tokens {s.get('max_tokens')}, "
+             f"temperature 0)", "", _machine_line(data), "",
+             f"`{data.get('command', '')}` (total {fmt(data.get('total_s'), 0)} s)", ""]
+    for wl, per in data.get("summary", {}).items():
+        rows = [[name + (f" (cut off at {s.get('batch_agent_cutoff_s')} s)"
+                         if v.get("timed_out_runs") else ""),
+                 f"{v['runs']}", fmt(v["wall_s_median"]), fmt(v["agents_per_s_median"]),
+                 fmt(v["valid_median"], 0), fmt(v["engine_prompt_tokens_median"], 0),
+                 fmt(v["engine_cached_prompt_tokens_median"], 0),
+                 fmt(v["client_cpu_ms_per_turn_median"]), fmt(v["wall_ratio_to_naive"])]
+                for name, v in per.items()]
+        parts += [f"**{wl}** (medians)", "",
+                  table(["system", "runs", "wall s", "agents/s", "valid", "prompt tok",
+                         "cached tok", "client CPU ms/turn", "wall / naive"], rows), ""]
+    return "\n".join(parts).rstrip()
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
-             "recovery_default": render_recovery}
+             "recovery_default": render_recovery, "rate_limit": render_rate_limit,
+             "engine": render_engine}
 
 
 def render_file(data: dict[str, Any]) -> str:
