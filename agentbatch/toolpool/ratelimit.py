@@ -23,6 +23,14 @@ async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+def check_bucket(rate: float, burst: float) -> None:
+    """Refuse a bucket that could never hand out a token (both buckets share this rule)."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError("rate must be a positive number of tokens per second")
+    if burst < 1:
+        raise ValueError("burst must be at least 1")
+
+
 class TokenBucket:
     """``rate`` tokens per second, holding at most ``burst``; ``acquire`` waits for one.
 
@@ -33,10 +41,7 @@ class TokenBucket:
     def __init__(self, rate: float, burst: float = 1.0, *,
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
-        if not (rate > 0 and math.isfinite(rate)):
-            raise ValueError("rate must be a positive number of tokens per second")
-        if burst < 1:
-            raise ValueError("burst must be at least 1")
+        check_bucket(rate, burst)
         self.rate = rate
         self.burst = burst
         self._clock = clock

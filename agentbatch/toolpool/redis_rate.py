@@ -11,11 +11,11 @@ does not hand its token back (the bucket only runs slow by that one token).
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from ..state.keys import PREFIX
 from ..state.scripts import Scripts
+from .ratelimit import check_bucket
 from .tool import Tool
 
 __all__ = ["RedisTokenBucket", "rate_key", "redis_buckets"]
@@ -31,10 +31,7 @@ class RedisTokenBucket:
 
     def __init__(self, client: Any, scripts: Scripts, key: str, rate: float,
                  burst: float = 1.0) -> None:
-        if not (rate > 0 and math.isfinite(rate)):
-            raise ValueError("rate must be a positive number of tokens per second")
-        if burst < 1:
-            raise ValueError("burst must be at least 1")
+        check_bucket(rate, burst)
         self._r = client
         self._s = scripts
         self.key = key

@@ -14,10 +14,9 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
-from typing import Any, Literal
+from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field
 
 from agentbatch import AgentResult, submit_batch
 from agentbatch.backends.openai_compat import OpenAICompatBackend
@@ -27,6 +26,8 @@ from agentbatch.engine.server import free_port
 from agentbatch.model_io import ModelRequest, ModelResponse
 from agentbatch.orchestrator.embedded_handle import EmbeddedHandle
 from agentbatch.orchestrator.handle import BatchHandle
+from tests.engine import reviews
+from tests.engine.reviews import REVIEWS, TASK, Verdict
 
 pytestmark = pytest.mark.engine
 
@@ -35,22 +36,10 @@ MODEL = "smollm2"
 WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS": "tests.support,tests.engine"}
 SYSTEM = ("You label short product reviews for a shop. Read the review, decide whether the "
           "customer was happy, and give a very short reason in plain words.")
-TASK = "Review {i}: {text}"
-REVIEWS = [
-    "Great kettle, boils fast and looks nice.",
-    "Broke after two days, very disappointed.",
-    "Does the job, the lid is a bit loose.",
-    "Terrible support, never buying again.",
-]
-
-
-class Verdict(BaseModel):
-    label: Literal["positive", "negative"]
-    reason: str = Field(max_length=40)
 
 
 def inputs(n: int) -> list[dict[str, object]]:
-    return [{"i": i, "text": REVIEWS[i % len(REVIEWS)]} for i in range(n)]
+    return reviews.inputs(n, REVIEWS[:4])  # the first four reviews only, as this test had
 
 
 def prompt_tokens_total(http_url: str) -> float:

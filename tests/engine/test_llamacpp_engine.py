@@ -11,13 +11,13 @@ import contextlib
 import threading
 import time
 import urllib.request
-from typing import Any, Literal
+from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field
 
 from agentbatch import submit_batch
 from agentbatch.backends.prom import metric_sum, parse_prometheus
+from tests.engine.reviews import TASK, Verdict, inputs
 
 pytestmark = pytest.mark.engine
 
@@ -29,23 +29,6 @@ SYSTEM = (
     "You label short product reviews for a shop. Read the review, decide whether the "
     "customer was happy, and give a very short reason in plain words. " * 12
 ).strip()
-TASK = "Review {i}: {text}"
-REVIEWS = [
-    "Great kettle, boils fast and looks nice.",
-    "Broke after two days, very disappointed.",
-    "Does the job, the lid is a bit loose.",
-    "Terrible support, never buying again.",
-    "Lovely colour and the cable is long enough.",
-]
-
-
-class Verdict(BaseModel):
-    label: Literal["positive", "negative"]
-    reason: str = Field(max_length=40)
-
-
-def inputs(n: int) -> list[dict[str, object]]:
-    return [{"i": i, "text": REVIEWS[i % len(REVIEWS)]} for i in range(n)]
 
 
 def scrape(http_url: str) -> dict[str, float]:
