@@ -1,13 +1,18 @@
 """agentbatch vs the peers on the real engine: llama.cpp's ``llama-server`` with SmolLM2-135M.
 
-    python -m benchmarks.bench_engine --rounds 3 --workloads structured:40:3,tools:40:2 \
-        --max-tokens 64 --json benchmarks/results/engine.json        # 1059 s here
-    python -m benchmarks.bench_engine --systems embedded,naive --workloads tools:40:1 \
-        --max-tokens 96 --json benchmarks/results/engine_tools_96.json  # ~4 min
+    python -m benchmarks.bench_engine --rounds 3 \
+        --systems embedded,naive,embedded_stream,naive_stream,batch_agent \
+        --workloads structured:40:3,tools:40:2,structured:200:2 \
+        --stream-workloads structured:40 --max-tokens 96 --timeout 600 \
+        --json benchmarks/results/engine.json
 
-With ``--max-tokens 64`` most first replies of the tools workload are cut off inside the JSON,
-so nearly every agent spends its second turn on a repair and few call the tool (6-10 tool
-calls for 40 agents); at 96 every agent calls it (40-55 calls). 96 is the default.
+(``distributed`` is a system too; it was left out of the last run for time.) The results file
+is rewritten after every run with ``"complete": false`` until the last one, so a run stopped
+early still leaves the rounds it finished.
+
+With ``--max-tokens 64`` most first replies of the tools workload were cut off inside the JSON
+(pretty-printed by llama.cpp's schema grammar), so most agents spent a turn on a repair; 96
+is the default.
 
 One invocation starts one ``llama-server`` (``LlamaServer``: 4 slots, ``-t 1`` on this 2-core
 machine), one throwaway redis-server and a distributed fleet (2 inference + 1 tool
@@ -23,14 +28,23 @@ each round), every system on every workload against that same server:
   retry. On (b) it speaks the same json tool protocol as ``tool_calling="json"`` (same union
   schema, same system text, same rendering of tool results) but runs every tool call itself:
   no coalescing;
+* ``embedded_stream`` / ``naive_stream``: the same with every turn streamed (``?stream=1`` on
+  the backend URL; ``"stream": true`` and an SSE reader in the naive loop), for TTFT: the
+  backend's ``ModelResponse.ttft_s`` (heard through ``llamacpp.observe_ttft``) and, naive, the
+  time to the first content delta. Only on ``--stream-workloads``;
 * ``batch_agent``: ``batch-agent`` 0.2.0 from PyPI, ``vllm://`` backend pointed at the same
   server (llama-server is OpenAI-compatible), its own defaults otherwise (schema as plain text
   in the system prompt, native tools, streamed turns), ``max_retries=1``.
 
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
 (b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (4 distinct keys),
-through ``tool_calling="json"``. Per run: wall, agents/s, valid outputs, the engine's own
-``/metrics`` counter deltas (prompt tokens, cached prompt tokens, generated tokens), client CPU
+through ``tool_calling="json"``; agentbatch is told the task needs one call per reply
+(``max_tool_calls_per_turn=1``, so its turn grammar allows one call), the naive loop sends the
+union schema as a user would, without a cap. agentbatch's ``llamacpp://`` backend sends schemas
+as a whitespace-free grammar (``compact_json``, the default); naive sends ``response_format``.
+Per run: wall, agents/s, valid outputs, the engine's own
+``/metrics`` counter deltas (prompt tokens, cached prompt tokens, generated tokens, and each
+per model turn), TTFT p50/p95 for the streamed systems, client CPU
 (this process, plus the workers for ``distributed``) per model turn, and ratios to naive at the
 median. Not part of the pytest suite.
 """
@@ -52,6 +66,7 @@ import aiohttp
 from pydantic import BaseModel, Field, ValidationError
 
 from agentbatch import arun_batch, submit_batch, tool
+from agentbatch.backends.llamacpp import observe_ttft
 from agentbatch.backends.prom import metric_sum, parse_prometheus
 from agentbatch.orchestrator.compile import system_message
 from agentbatch.orchestrator.json_tool_calling import (
@@ -61,11 +76,14 @@ from agentbatch.orchestrator.json_tool_calling import (
     union_schema,
 )
 from agentbatch.orchestrator.output import OutputContract
+from tests.engine.reviews import REVIEWS
+from tests.engine.reviews import TASK as TASK_A
 
 from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
-SYSTEMS = ("embedded", "distributed", "naive", "batch_agent")
+SYSTEMS = ("embedded", "distributed", "naive", "batch_agent", "embedded_stream", "naive_stream")
+STREAMED = ("embedded_stream", "naive_stream")
 WORKER_IMPORTS = "benchmarks.bench_engine,agentbatch.toolpool.builtins"
 
 # ~350 tokens with SmolLM2's tokenizer (measured from the engine's prompt_tokens counter).
@@ -73,14 +91,6 @@ SYSTEM_A = (
     "You label short product reviews for a shop. Read the review, decide whether the customer "
     "was happy, and give a very short reason in plain words. " * 11
 ).strip()
-TASK_A = "Review {i}: {text}"
-REVIEWS = [
-    "Great kettle, boils fast and looks nice.",
-    "Broke after two days, very disappointed.",
-    "Does the job, the lid is a bit loose.",
-    "Terrible support, never buying again.",
-    "Lovely colour and the cable is long enough.",
-]
 
 SYSTEM_B = ("You are a shop assistant. You do not know any prices: to learn the price of an "
             "item, call the price tool with the item's name. After the tool result arrives, "
@@ -88,6 +98,9 @@ SYSTEM_B = ("You are a shop assistant. You do not know any prices: to learn the 
 TASK_B = "What is the price of the {item}? (ticket {i})"
 ITEMS = ["kettle", "toaster", "blender", "mixer"]  # 40 agents: each key shared 10 ways
 TOOL_S = 0.2
+# The task needs one call per reply; told so, agentbatch's turn grammar allows one call, and
+# SmolLM2 stops repeating the call (it repeated it 2-4 times per reply without the cap).
+MAX_CALLS_B = 1
 
 
 class Verdict(BaseModel):
@@ -172,7 +185,7 @@ def _ab_kwargs(workload: str, n: int, max_tokens: int, run: int) -> dict[str, An
                 "output_schema": Verdict, "max_turns": 2, **common}
     return {"task": TASK_B, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_B,
             "output_schema": PriceReport, "tools": [price], "tool_calling": "json",
-            "max_turns": 3, **common}
+            "max_turns": 3, "max_tool_calls_per_turn": MAX_CALLS_B, **common}
 
 
 def _tally(results: list[Any], schema: type[BaseModel]) -> dict[str, Any]:
@@ -180,6 +193,7 @@ def _tally(results: list[Any], schema: type[BaseModel]) -> dict[str, Any]:
     calls = [c for r in results for c in r.tool_calls]
     return {"valid": len(ok), "turns": sum(r.turns for r in results),
             "tool_calls": len(calls),
+            "agents_calling_tools": sum(1 for r in results if r.tool_calls),
             "tool_calls_shared": sum(1 for c in calls if c.cached or c.coalesced),
             "errors": sorted({f"{r.error.kind}: {r.error.message}"[:160]
                               for r in results if not r.ok and r.error})[:3]}
@@ -190,6 +204,17 @@ async def run_embedded(ctx: dict[str, Any], workload: str, n: int) -> dict[str, 
     task = kw.pop("task")
     results = await arun_batch(task, kw.pop("inputs"), backend=ctx["llamacpp_url"], **kw)
     return _tally(results, kw["output_schema"])
+
+
+async def run_embedded_stream(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    """``embedded`` with every turn streamed (``?stream=1``); TTFT per turn from the backend."""
+    kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
+    task = kw.pop("task")
+    ttfts: list[float] = []
+    with observe_ttft(ttfts.append):
+        results = await arun_batch(task, kw.pop("inputs"),
+                                   backend=ctx["llamacpp_url"] + "?stream=1", **kw)
+    return {**_tally(results, kw["output_schema"]), "ttfts": ttfts}
 
 
 async def run_distributed(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
@@ -209,8 +234,53 @@ def _rf(schema: dict[str, Any], name: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
+async def _naive_chat(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                      ttfts: list[float] | None) -> str:
+    """One chat completion, retried twice on a dropped connection as the ``openai`` client
+    does by default (llama-server closes some connections after a stream, and a pooled one
+    fails on its next write: ``Can not write request body``)."""
+    for attempt in range(3):
+        try:
+            return await _naive_chat_once(session, url, body, ttfts)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _naive_chat_once(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                           ttfts: list[float] | None) -> str:
+    """One chat completion as a user writes it; streamed (SSE) when ``ttfts`` is given, which
+    then gets the time to the first content delta."""
+    if ttfts is None:
+        async with session.post(url, json=body) as resp:
+            resp.raise_for_status()
+            data = await resp.json()
+        return data["choices"][0]["message"].get("content") or ""
+    parts: list[str] = []
+    started = time.perf_counter()
+    async with session.post(url, json={**body, "stream": True}) as resp:
+        resp.raise_for_status()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data_s = line[5:].strip()
+            if data_s == "[DONE]":
+                continue  # read to the end, so the connection goes back to the pool clean
+            chunk = json.loads(data_s)
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    if not parts:
+                        ttfts.append(time.perf_counter() - started)
+                    parts.append(piece)
+    return "".join(parts)
+
+
 async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, Any],
-                       workload: str, item: dict[str, Any], tally: dict[str, int]) -> bool:
+                       workload: str, item: dict[str, Any], tally: dict[str, int],
+                       ttfts: list[float] | None = None) -> bool:
     """One agent, written by hand: model turn, tools, model turn, validate, one repair."""
     if workload == "structured":
         schema: type[BaseModel] = Verdict
@@ -227,17 +297,14 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
         final_schema = union_schema(tools, out, allow_tools=False)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": task}]
-    repaired = False
+    repaired = called = False
     for turn in range(4):
         body = {"model": MODEL, "messages": messages, "max_tokens": ctx["max_tokens"],
                 "temperature": 0.0,
                 "response_format": _rf(final_schema if repaired or turn >= 2 else turn_schema,
                                        "agent_turn")}
-        async with session.post(url, json=body) as resp:
-            resp.raise_for_status()
-            data = await resp.json()
+        content = await _naive_chat(session, url, body, ttfts)
         tally["turns"] += 1
-        content = data["choices"][0]["message"].get("content") or ""
         try:
             obj = json.loads(content)
         except ValueError:
@@ -245,6 +312,8 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
         if workload == "tools" and isinstance(obj, dict) and obj.get("tool_calls"):
             calls = obj["tool_calls"]
             tally["tool_calls"] += len(calls)
+            tally["agents_calling_tools"] += not called
+            called = True
             outs = await asyncio.gather(*(_price_body(**c["arguments"]) for c in calls))
             lines = [json.dumps({"arguments": c["arguments"], "name": c["name"],
                                  "result": o}, separators=(",", ":"),
@@ -262,23 +331,31 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
             if repaired:
                 return False
             repaired = True
+            tally["repairs"] += 1
             messages.append({"role": "assistant", "content": content})
             messages.append({"role": "user", "content": f"That did not validate: {exc}. "
                                                         "Reply with the JSON object only."})
     return False
 
 
-async def run_naive(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+async def run_naive(ctx: dict[str, Any], workload: str, n: int,
+                    ttfts: list[float] | None = None) -> dict[str, Any]:
     url = ctx["http_url"] + "/v1/chat/completions"
-    tally = {"turns": 0, "tool_calls": 0}
+    tally = {"turns": 0, "tool_calls": 0, "agents_calling_tools": 0, "repairs": 0}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         results = await asyncio.gather(
-            *(_naive_agent(session, url, ctx, workload, item, tally)
+            *(_naive_agent(session, url, ctx, workload, item, tally, ttfts)
               for item in inputs(workload, n, ctx["run"])), return_exceptions=True)
     errors = sorted({f"{type(r).__name__}: {r}"[:160] for r in results
                      if isinstance(r, BaseException)})[:3]
-    return {"valid": sum(1 for r in results if r is True), "turns": tally["turns"],
-            "tool_calls": tally["tool_calls"], "tool_calls_shared": 0, "errors": errors}
+    return {"valid": sum(1 for r in results if r is True), **tally, "tool_calls_shared": 0,
+            "errors": errors}
+
+
+async def run_naive_stream(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    """``naive`` with ``stream: true`` on every turn, TTFT = time to the first content delta."""
+    ttfts: list[float] = []
+    return {**await run_naive(ctx, workload, n, ttfts), "ttfts": ttfts}
 
 
 async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
@@ -313,7 +390,17 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
 
 
 RUNNERS = {"embedded": run_embedded, "distributed": run_distributed, "naive": run_naive,
-           "batch_agent": run_batch_agent}
+           "batch_agent": run_batch_agent, "embedded_stream": run_embedded_stream,
+           "naive_stream": run_naive_stream}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
 
 
 async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> dict[str, Any]:
@@ -330,11 +417,21 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
     except TimeoutError:
         out = {"valid": 0, "turns": None, "timed_out": True,
                "errors": [f"cut off after {timeout} s (counted as not valid)"]}
+    except Exception as exc:  # one system failing must not lose the other systems' runs
+        out = {"valid": 0, "turns": None, "failed": True,
+               "errors": [f"{type(exc).__name__}: {exc}"[:300]]}
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_before + sum(cpu_seconds(p) for p in fleet) - workers_before
     after = scrape(ctx["http_url"])
     delta = {k: int(after[k] - before[k]) for k in after}
     turns = out.get("turns")
+    ttfts = out.pop("ttfts", None)
+    if ttfts is not None:
+        p50, p95 = percentile(ttfts, 50), percentile(ttfts, 95)
+        out.update(ttft_n=len(ttfts), ttft_p50_s=None if p50 is None else round(p50, 3),
+                   ttft_p95_s=None if p95 is None else round(p95, 3))
+    computed, cached = delta["prompt_tokens_total"], delta["prompt_tokens_cached_total"]
+    generated = delta["tokens_predicted_total"]
     row = {"system": system, "workload": workload, "agents": n, "wall_s": round(wall, 3),
            "agents_per_s": round(n / wall, 3), **out,
            "tool_executions_in_process": sum(EXECUTIONS.values()) if workload == "tools"
@@ -342,11 +439,19 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
            "engine_prompt_tokens": delta["prompt_tokens_total"],
            "engine_cached_prompt_tokens": delta["prompt_tokens_cached_total"],
            "engine_generated_tokens": delta["tokens_predicted_total"],
+           "engine_computed_prompt_tokens_per_turn": round(computed / turns, 1) if turns
+           else None,
+           "engine_prompt_tokens_per_turn": round((computed + cached) / turns, 1) if turns
+           else None,
+           "engine_generated_tokens_per_turn": round(generated / turns, 1) if turns else None,
            "client_cpu_s": round(cpu, 3),
            "client_cpu_ms_per_turn": round(cpu / turns * 1000, 2) if turns else None}
     print(json.dumps({k: row[k] for k in ("system", "workload", "agents", "wall_s", "valid",
                                           "turns", "engine_prompt_tokens",
-                                          "engine_cached_prompt_tokens", "client_cpu_s")}),
+                                          "engine_cached_prompt_tokens",
+                                          "engine_generated_tokens", "client_cpu_s")
+                       if k in row} | {k: row[k] for k in ("ttft_p50_s", "ttft_p95_s")
+                                       if k in row}),
           flush=True)
     return row
 
@@ -374,20 +479,39 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     [r["engine_generated_tokens"] for r in rs]),
                 "client_cpu_ms_per_turn_median": median(
                     [r["client_cpu_ms_per_turn"] for r in rs]),
+                "turns_median": median([r["turns"] for r in rs]),
+                "engine_generated_tokens_per_turn_median": median(
+                    [r["engine_generated_tokens_per_turn"] for r in rs]),
+                "engine_prompt_tokens_per_turn_median": median(
+                    [r["engine_prompt_tokens_per_turn"] for r in rs]),
             }
+            if any("ttft_p50_s" in r for r in rs):
+                per[system]["ttft_p50_s_median"] = median([r.get("ttft_p50_s") for r in rs])
+                per[system]["ttft_p95_s_median"] = median([r.get("ttft_p95_s") for r in rs])
         naive = per.get("naive", {}).get("wall_s_median")
-        for s in per.values():
+        naive_stream = per.get("naive_stream", {}).get("wall_s_median")
+        for name, s in per.items():
             s["wall_ratio_to_naive"] = ratio(s["wall_s_median"], naive)
+            if name in STREAMED:
+                s["wall_ratio_to_naive_stream"] = ratio(s["wall_s_median"], naive_stream)
         out[wl] = per
     return out
 
 
-async def amain(args: argparse.Namespace) -> dict[str, Any]:
+async def amain(args: argparse.Namespace,
+                save: Any = lambda runs, server_cmd: None) -> dict[str, Any]:
+    """All runs; ``save(runs, server_command)`` after each one, so a run cut short by a
+    deadline still leaves what it finished on disk."""
     from agentbatch.engine import LlamaServer
     from tests.support.redis_server import RedisServer
     from tests.support.workers import WorkerProcess
 
     systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"--systems: unknown {', '.join(unknown)} (known: {', '.join(SYSTEMS)})")
+    stream_on = {w for w in args.stream_workloads.split(",") if w}
+    peer_on = {w for w in args.peer_workloads.split(",") if w}
     workloads = []
     for spec in args.workloads.split(","):
         name, agents, *rounds = spec.split(":")
@@ -419,12 +543,17 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 for rnd in range(rounds):
                     order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
                     for system in order:
-                        if system == "batch_agent" and rnd >= args.peer_rounds:
+                        if system == "batch_agent" and (
+                                rnd >= args.peer_rounds
+                                or not {workload, f"{workload}:{n}"} & peer_on):
+                            continue
+                        if system in STREAMED and not {workload, f"{workload}:{n}"} & stream_on:
                             continue
                         ctx["run"] += 1
                         row = await one_run(ctx, system, workload, n)
                         row["round"] = rnd
                         runs.append(row)
+                        save(runs, server.command())
             server_cmd = server.command()
     finally:
         for p in fleet:
@@ -438,10 +567,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--stream-workloads", default="structured",
+                   help="workloads (name or name:agents) the streamed systems (TTFT) run on")
     p.add_argument("--workloads", default="structured:40:3,tools:40:2",
                    help="comma-separated name:agents[:rounds] (structured, tools)")
     p.add_argument("--peer-rounds", type=int, default=1,
                    help="rounds batch-agent takes part in (it sends no max_tokens: slow)")
+    p.add_argument("--peer-workloads", default="structured:40,tools:40",
+                   help="workloads (name or name:agents) batch-agent runs on")
     p.add_argument("--peer-timeout", type=float, default=60.0,
                    help="batch-agent run cut-off, seconds")
     p.add_argument("--max-tokens", type=int, default=96)
@@ -452,29 +585,38 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM as SystemExit, so the ``finally`` blocks stop the workers and redis-server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
-    out = asyncio.run(amain(args))
-    report = {
-        "benchmark": "engine",
-        "when": utc_now(),
-        "created": utc_now(),
-        "machine": machine_info(),
-        "command": "python -m benchmarks.bench_engine " + " ".join(sys.argv[1:] if argv is None
-                                                                   else argv),
-        "engine": {"server_command": out["server_command"], "model": "SmolLM2-135M-Instruct Q4_1"},
-        "settings": {"rounds": args.rounds, "max_tokens": args.max_tokens,
-                     "temperature": 0.0, "parallel_slots": args.parallel,
-                     "tool_s": TOOL_S, "distinct_tool_keys": len(ITEMS),
-                     "distributed_fleet": "2 inference workers (40 threads) + 1 tool worker",
-                     "naive_http_client": "aiohttp (openai package not installed)",
-                     "batch_agent": "vllm:// backend, max_retries=1, defaults otherwise",
-                     "batch_agent_rounds": args.peer_rounds,
-                     "batch_agent_cutoff_s": args.peer_timeout},
-        "total_s": round(time.perf_counter() - started, 1),
-        "summary": summarise(out["runs"]),
-        "runs": out["runs"],
-    }
-    write_json(Path(args.json), report)
-    print(json.dumps(report["summary"], indent=1))
+
+    def report(runs: list[dict[str, Any]], server_cmd: list[str], complete: bool
+               ) -> dict[str, Any]:
+        return {
+            "benchmark": "engine",
+            "complete": complete,
+            "when": utc_now(),
+            "created": utc_now(),
+            "machine": machine_info(),
+            "command": "python -m benchmarks.bench_engine " + " ".join(sys.argv[1:] if argv is None
+                                                                       else argv),
+            "engine": {"server_command": server_cmd, "model": "SmolLM2-135M-Instruct Q4_1"},
+            "settings": {"rounds": args.rounds, "max_tokens": args.max_tokens,
+                         "temperature": 0.0, "parallel_slots": args.parallel,
+                         "tool_s": TOOL_S, "distinct_tool_keys": len(ITEMS),
+                         "distributed_fleet": "2 inference workers (40 threads) + 1 tool worker",
+                         "naive_http_client": "aiohttp (openai package not installed)",
+                         "batch_agent": "vllm:// backend, max_retries=1, defaults otherwise",
+                         "batch_agent_rounds": args.peer_rounds,
+                         "agentbatch_tools_max_tool_calls_per_turn": MAX_CALLS_B,
+                         "agentbatch_llamacpp_compact_json": True,
+                         "batch_agent_cutoff_s": args.peer_timeout},
+            "total_s": round(time.perf_counter() - started, 1),
+            "summary": summarise(runs),
+            "runs": runs,
+        }
+
+    out = asyncio.run(amain(args, lambda runs, cmd: write_json(Path(args.json),
+                                                               report(runs, cmd, False))))
+    final = report(out["runs"], out["server_command"], True)
+    write_json(Path(args.json), final)
+    print(json.dumps(final["summary"], indent=1))
     return 0
 
 

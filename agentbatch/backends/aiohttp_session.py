@@ -74,18 +74,9 @@ class AiohttpSession:
 
     async def _read(self, resp: aiohttp.ClientResponse, limit: int,
                     truncate: bool = False) -> bytes:
-        """The body, at most ``limit`` bytes: cut there (``truncate``) or ``ResponseTooLarge``
-        without reading on (a declared oversize length fails before reading at all)."""
-        if not truncate and (resp.content_length or 0) > limit:
-            raise limits.too_large(self.who, limit)
-        body = bytearray()
-        async for chunk in resp.content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                if truncate:
-                    return bytes(body[:limit])
-                raise limits.too_large(self.who, limit)
-        return bytes(body)
+        """The body, at most ``limit`` bytes (``limits.read_capped``)."""
+        return await limits.read_capped(resp.content.iter_any(), limit, who=self.who,
+                                        declared=resp.content_length, truncate=truncate)
 
     async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str],
                         timeout: float) -> Any:

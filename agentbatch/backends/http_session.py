@@ -90,19 +90,11 @@ class HttpSession:
             )
 
     async def _read(self, resp: httpx.Response, limit: int, truncate: bool = False) -> bytes:
-        """A streamed body, at most ``limit`` (decoded) bytes: cut there (``truncate``) or
-        ``ResponseTooLarge`` without reading on."""
+        """A streamed body, at most ``limit`` (decoded) bytes (``limits.read_capped``)."""
         declared = resp.headers.get("content-length", "")
-        if not truncate and declared.isdigit() and int(declared) > limit:
-            raise limits.too_large(self.who, limit)
-        body = bytearray()
-        async for chunk in resp.aiter_bytes():
-            body += chunk
-            if len(body) > limit:
-                if truncate:
-                    return bytes(body[:limit])
-                raise limits.too_large(self.who, limit)
-        return bytes(body)
+        return await limits.read_capped(resp.aiter_bytes(), limit, who=self.who,
+                                        declared=int(declared) if declared.isdigit() else None,
+                                        truncate=truncate)
 
     async def post_json(
         self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float

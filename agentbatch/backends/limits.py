@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterable
 from typing import Any
 
 from ..errors import ConfigError, ServerError
@@ -50,6 +51,23 @@ def too_large(who: str, limit: int, what: str = "response body") -> ResponseTooL
         f"(raise {MAX_RESPONSE_BYTES_ENV} if such replies are expected)",
         status=200,
     )
+
+
+async def read_capped(chunks: AsyncIterable[bytes], limit: int, *, who: str,
+                      declared: int | None = None, truncate: bool = False) -> bytes:
+    """A response body of at most ``limit`` bytes, for either HTTP client: cut there
+    (``truncate``) or ``ResponseTooLarge`` without reading on; a ``declared`` oversize length
+    fails before reading at all."""
+    if not truncate and (declared or 0) > limit:
+        raise too_large(who, limit)
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            if truncate:
+                return bytes(body[:limit])
+            raise too_large(who, limit)
+    return bytes(body)
 
 
 def decode_json(raw: bytes, *, who: str, status: int, secret: str | None = None) -> Any:

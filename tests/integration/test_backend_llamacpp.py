@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from agentbatch import submit_batch
 from agentbatch.backends.batch_prompting import ServerTemplate
+from agentbatch.backends.gbnf import to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.errors import BatchSpecError, ConfigError
 from agentbatch.model_io import ModelRequest
@@ -38,6 +39,20 @@ WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS": "tests.support"}
 
 class Answer(BaseModel):
     answer: str
+
+
+# llama-server takes a schema as ``json_schema`` or, compiled, as a GBNF ``grammar`` (what
+# ``llamacpp://`` sends by default: compact JSON); the fake knows the grammars of its schemas.
+GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema()}
+
+
+def constraint(body: dict[str, Any]) -> Any:
+    """The schema a request constrains its output to (None: unconstrained)."""
+    if body.get("grammar") is not None:
+        return GRAMMAR_SCHEMAS.get(body["grammar"])
+    if body.get("json_schema") is not None:
+        return body["json_schema"]
+    return ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
 
 
 def llamacpp_metrics(processing: int, deferred: int, computed: int, cached: int) -> str:
@@ -119,7 +134,7 @@ class FakeLlamaServer:
         body = await request.json()
         self._record("completions", body)
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-        choices = [{"index": i, "text": self._answer(p, body.get("json_schema")),
+        choices = [{"index": i, "text": self._answer(p, constraint(body)),
                     "finish_reason": "stop", "logprobs": None} for i, p in enumerate(prompts)]
         # llama.cpp merges the choices of a prompt list but keeps the first task's usage only.
         return web.json_response({
@@ -130,9 +145,7 @@ class FakeLlamaServer:
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self._record("chat", body)
-        fmt = body.get("response_format") or {}
-        schema = (fmt.get("json_schema") or {}).get("schema")
-        text = self._answer(body["messages"][-1]["content"], schema)
+        text = self._answer(body["messages"][-1]["content"], constraint(body))
         return web.json_response({
             "id": "c1", "object": "chat.completion", "model": "smol",
             "choices": [{"index": 0, "finish_reason": "stop",
@@ -215,7 +228,7 @@ async def test_metrics_map_to_server_load_and_prefix_hit_rate(llama: FakeLlamaSe
 # -- structured output with batch prompting ---------------------------------------------------
 
 
-def test_batch_prompting_sends_json_schema_with_the_server_template(
+def test_batch_prompting_sends_the_schema_with_the_server_template(
         llama: FakeLlamaServer) -> None:
     handle = submit_batch("Question {i}.", INPUTS, model="smol", backend=llama.url,
                           output_schema=Answer, batch_prompting=True)
@@ -225,7 +238,8 @@ def test_batch_prompting_sends_json_schema_with_the_server_template(
     assert batched, "no batched /v1/completions request was sent"
     assert max(len(b["prompt"]) for b in batched) <= 4  # one wave of the server's 4 slots
     for body in llama.bodies["completions"]:
-        assert body["json_schema"] == Answer.model_json_schema()
+        # compact JSON (the default): the schema compiled to a whitespace-free grammar
+        assert body["grammar"] == to_gbnf(Answer.model_json_schema())
         assert "response_format" not in body  # llama.cpp ignores it on /v1/completions
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
         assert all(p.startswith("<s><system>") and "<|im_start|>" not in p for p in prompts)

@@ -1,0 +1,178 @@
+"""A JSON schema as a whitespace-free GBNF grammar, for llama.cpp's ``grammar`` field.
+
+llama.cpp turns a ``response_format`` json_schema into a grammar whose ``space`` rule allows
+``" "`` or up to two newlines and 20 spaces or tabs between every token, and small models use
+it: SmolLM2-135M pretty-prints every reply (``{\\n  "label": "positive", ...``), 20 tokens for
+a two-field object, 43 for one tool call. The same value with no whitespace is about half as
+many tokens, and on a CPU-bound engine generated tokens are the wall time.
+
+``to_gbnf`` covers the schemas agentbatch sends (Pydantic models, the json tool-calling union):
+objects with named properties, strings (length bounds, ``enum``, ``const``), numbers,
+integers, booleans, null, arrays, ``anyOf``/``oneOf`` and local ``$ref``. Anything else
+(``pattern``, ``format``, ``allOf``, ``patternProperties``, free-form objects, ...) raises
+``Unsupported`` so the caller sends the schema itself instead. Two deliberate loosenings, both
+checked after generation anyway: an array's ``maxItems`` above 1 becomes an open repetition
+(llama.cpp expands ``x{0,31}`` into nested optional rules, and with the union schema's
+``maxItems: 32`` generation measured 36 ms/token vs 27 ms/token without it), and
+``additionalProperties`` is never granted (only the listed properties are generated).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+CHAR = r'[^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+PRIMITIVES = {
+    "string": '"\\"" char* "\\""',
+    "integer": '"-"? ("0" | [1-9] [0-9]{0,15})',
+    "number": '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?',
+    "boolean": '"true" | "false"',
+    "null": '"null"',
+}
+_IGNORED = {"title", "description", "default", "examples", "$schema", "$id", "strict",
+            "additionalProperties", "$comment"}
+_RULE_RE = re.compile(r"[^a-zA-Z0-9-]+")
+
+
+class Unsupported(ValueError):
+    """The schema uses something ``to_gbnf`` does not translate (send the schema instead)."""
+
+
+def literal(value: Any) -> str:
+    """A GBNF string literal matching ``value`` written as compact JSON."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class _Builder:
+    def __init__(self, root: dict[str, Any], space: str) -> None:
+        self.root = root
+        self.sp = f" {space}" if space else ""
+        self.rules: dict[str, str] = {}
+        self.refs: dict[str, str] = {}
+
+    def name(self, hint: str) -> str:
+        base = _RULE_RE.sub("-", hint).strip("-").lower() or "r"
+        name, i = base, 1
+        while name in self.rules or name in ("root", "char", *PRIMITIVES):
+            i += 1
+            name = f"{base}{i}"
+        self.rules[name] = ""  # reserved
+        return name
+
+    def add(self, hint: str, body: str) -> str:
+        name = self.name(hint)
+        self.rules[name] = body
+        return name
+
+    def visit(self, schema: Any, hint: str) -> str:
+        """A GBNF expression for ``schema`` (a rule name or an inline expression)."""
+        if schema is True or schema == {}:
+            raise Unsupported("a free-form value")
+        if not isinstance(schema, dict):
+            raise Unsupported(f"schema node {schema!r}")
+        unknown = set(schema) - _IGNORED - {
+            "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
+            "anyOf", "oneOf", "$ref", "minLength", "maxLength", "$defs", "definitions"}
+        if unknown:
+            raise Unsupported(", ".join(sorted(unknown)))
+        if "$ref" in schema:
+            return self.ref(schema["$ref"])
+        if "const" in schema:
+            return literal(schema["const"])
+        if "enum" in schema:
+            return "(" + " | ".join(literal(v) for v in schema["enum"]) + ")"
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                alts = [self.visit(s, f"{hint}-{i}") for i, s in enumerate(schema[key])]
+                return self.add(hint, " | ".join(alts))
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return self.add(hint, " | ".join(
+                self.visit({**schema, "type": k}, f"{hint}-{k}") for k in kind))
+        if kind == "object":
+            return self.obj(schema, hint)
+        if kind == "array":
+            return self.array(schema, hint)
+        if kind == "string":
+            low = int(schema.get("minLength", 0))
+            high = schema.get("maxLength")
+            if low == 0 and high is None:
+                return "string"
+            reps = f"{{{low},{'' if high is None else int(high)}}}"
+            return self.add(hint, f'"\\"" char{reps} "\\""')
+        if kind in PRIMITIVES:
+            return kind
+        raise Unsupported(f"type {kind!r}")
+
+    def ref(self, ref: str) -> str:
+        if ref in self.refs:
+            return self.refs[ref]
+        for prefix in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(prefix):
+                key = ref[len(prefix):]
+                defs = self.root.get(prefix[2:-1]) or {}
+                if key in defs:
+                    name = self.name(key)
+                    self.refs[ref] = name
+                    self.rules[name] = self.visit(defs[key], key + "-body")
+                    return name
+        raise Unsupported(f"$ref {ref!r}")
+
+    def obj(self, schema: dict[str, Any], hint: str) -> str:
+        props: dict[str, Any] = schema.get("properties") or {}
+        if not props:
+            raise Unsupported("an object without properties")
+        required = set(schema.get("required") or [])
+        names = list(props)
+        if names[0] not in required:
+            raise Unsupported("an object whose first property is optional")
+        parts = []
+        for i, key in enumerate(names):
+            pair = f'{literal(key)} ":"{self.sp} {self.visit(props[key], f"{hint}-{key}")}'
+            if i == 0:
+                parts.append(pair)
+            elif key in required:
+                parts.append(f'","{self.sp} {pair}')
+            else:
+                parts.append(f'(","{self.sp} {pair})?')
+        return self.add(hint, '"{" ' + " ".join(parts) + ' "}"')
+
+    def array(self, schema: dict[str, Any], hint: str) -> str:
+        item = self.visit(schema.get("items") or True, f"{hint}-item")
+        low = int(schema.get("minItems", 0))
+        high = schema.get("maxItems")
+        if high is not None and int(high) == 0:
+            return self.add(hint, '"[" "]"')
+        if high is not None and int(high) == 1:
+            body = f'"[" {item} "]"' if low >= 1 else f'"[" {item}? "]"'
+            return self.add(hint, body)
+        more = f'(","{self.sp} {item})*'
+        if low >= 1:
+            return self.add(hint, f'"[" {item} {more} "]"')
+        return self.add(hint, f'"[" ({item} {more})? "]"')
+
+
+def to_gbnf(schema: dict[str, Any], *, space: str = "") -> str:
+    """``schema`` as a GBNF grammar producing compact JSON; ``Unsupported`` if it cannot.
+
+    ``space``: a GBNF expression allowed after each ``:`` and ``,`` (e.g. ``'" "?'``).
+    """
+    builder = _Builder(schema, space)
+    top = builder.visit({k: v for k, v in schema.items() if k not in ("$defs", "definitions")},
+                        "value")
+    lines = [f"root ::= {top}"]
+    lines += [f"{name} ::= {body}" for name, body in builder.rules.items()]
+    text = "\n".join(lines)
+    used = set(re.findall(r"\b(string|integer|number|boolean|null|char)\b", text))
+    if "string" in used:
+        lines.append(f"string ::= {PRIMITIVES['string']}")
+        used.add("char")
+    for kind in ("integer", "number", "boolean", "null"):
+        if kind in used and not any(line.startswith(f"{kind} ::=") for line in lines):
+            lines.append(f"{kind} ::= {PRIMITIVES[kind]}")
+    if "char" in used:
+        lines.append(f"char ::= {CHAR}")
+    return "\n".join(lines) + "\n"
