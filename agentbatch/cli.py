@@ -142,11 +142,13 @@ def worker(
     _check_worker_args(queues, redis_url)
     from .errors import ConfigError
     from .orchestrator.import_allowlist import WORKER_IMPORTS_ENV, require_worker_imports
+    from .state.connection import refuse_cluster_at
     from .workers.settings import WorkerSettings
 
     try:  # plans in Redis name modules to import: a worker needs an explicit allowlist
         require_worker_imports(os.environ.get(WORKER_IMPORTS_ENV))
         WorkerSettings.from_env(redis_url)  # a bad AGENTBATCH_RETENTION_S, say, named now
+        refuse_cluster_at(redis_url)  # a redis:// URL to a Cluster node: say so, then stop
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -23,9 +23,10 @@ _REDIS_URL = typer.Option(None, envvar="AGENTBATCH_REDIS_URL", help="Redis URL (
 def _client(redis_url: str | None) -> redis.Redis:
     if not redis_url:
         raise typer.BadParameter("--redis-url (or AGENTBATCH_REDIS_URL) is required")
-    import redis
+    from .state.connection import sync_client
 
-    return redis.from_url(redis_url)
+    # the one place URLs become clients (sentinel://, TLS); raw bytes as the letters hold
+    return sync_client(redis_url, decode_responses=False)
 
 
 @app.command("ls")

@@ -39,15 +39,16 @@ def table(headers: list[str], rows: Iterable[list[Any]]) -> str:
 
 def _machine_line(data: dict[str, Any]) -> str:
     m = data.get("machine") or {}
+    created = data.get("created") or data.get("when") or "?"
     if not m:
-        return f"_{data.get('created', '?')}._"
+        return f"_{created}._"
     pk = m.get("packages") or {}
     versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
     load = m.get("loadavg_at_start")
     load_s = f", load avg {load[0]:.2f}" if load else ""
     client = m.get("agentbatch_http_client")
     client_s = f"; agentbatch backend HTTP client: {client}" if client else ""
-    return (f"_{data.get('created', '?')}: {m.get('cpus_usable', '?')} usable cores{load_s}, "
+    return (f"_{created}: {m.get('cpus_usable', '?')} usable cores{load_s}, "
             f"Python {m.get('python', '?')}; {versions}{client_s}._")
 
 
@@ -165,8 +166,9 @@ def render_distributed(data: dict[str, Any]) -> str:
         ["run", "tasks", "ok", "wall s", "wall / Celery floor", "wall / critical path"],
         [["agentbatch", ours["tasks"], f"{ours['ok']}/{ours['agents']}", fmt(ours["wall_s"]),
           fmt(ratios["wall_vs_celery_floor"]), fmt(ratios["wall_vs_critical_path"])],
-         ["Celery floor (same task graph, no-op tasks)", floor["tasks"], "-",
-          fmt(floor["wall_s"]), "1.00", "-"]],
+         ["Celery floor (same task graph, no-op tasks)", floor.get("tasks", "-"), "-",
+          fmt(floor["wall_s"]) if "wall_s" in floor else f"failed: {floor.get('error')}",
+          "1.00" if "wall_s" in floor else "-", "-"]],
     )
     cpu = ours["cpu_s"]
     bullets = [
@@ -259,6 +261,31 @@ def render_recovery(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", note, "", _machine_line(data)])
 
 
+def render_state_bytes(data: dict[str, Any]) -> str:
+    """bench_state_bytes: agent-state bytes written / read back per agent, per code version."""
+    head = ("### Agent state in Redis per agent, by tool rounds (2 KB tool outputs): "
+            "whole state per transition (before) vs linear history (after)")
+    rows = [[r["code"], (r.get("commit") or "?")[:8], r["tool_rounds"],
+             f"{r['state_bytes_written'] / 1000:.0f} KB",
+             f"{r['state_bytes_read_back'] / 1000:.0f} KB"] for r in data["rows"]]
+    tbl = table(["code", "commit", "tool rounds", "state bytes written",
+                 "state bytes read back"], rows)
+    ratios = [f"- {n} rounds: written {fmt(v.get(next(k for k in v if k.startswith('written'))))}x"
+              f", read back {fmt(v.get(next(k for k in v if k.startswith('read'))))}x of before"
+              for n, v in (data.get("ratios") or {}).items()]
+    return "\n".join([head, "", tbl, "", *ratios, "", _machine_line(data)])
+
+
+def render_sweep(data: dict[str, Any]) -> str:
+    """bench_sweep: Redis commands and ms per recovery-sweep pass vs active batches."""
+    head = "### Recovery sweep: cost per pass against the number of active batches"
+    rows = [[r["code"], (r.get("commit") or "?")[:8], r["active_batches"], r["agents_due"],
+             fmt(r["commands_per_pass"], 0), fmt(r["ms_per_pass"])] for r in data["rows"]]
+    tbl = table(["code", "commit", "active batches", "agents due", "Redis commands / pass",
+                 "ms / pass"], rows)
+    return "\n".join([head, "", tbl, "", _machine_line(data)])
+
+
 def render_memory(data: dict[str, Any]) -> str:
     rows = [[r["batch"], r["ok"], fmt(r["wall_s"]), " ".join(fmt(x, 0) for x in r["rss_mib_after"])]
             for r in data["batches"]]
@@ -277,25 +304,96 @@ def render_engine(data: dict[str, Any]) -> str:
              f"{s.get('parallel_slots')} slots, max_tokens {s.get('max_tokens')}, "
              f"temperature 0)", "", _machine_line(data), "",
              f"`{data.get('command', '')}` (total {fmt(data.get('total_s'), 0)} s)", ""]
+    if data.get("complete") is False:
+        parts += ["_Partial: the run was stopped before its last round; medians of the runs "
+                  "that finished._", ""]
     for wl, per in data.get("summary", {}).items():
         rows = [[name + (f" (cut off at {s.get('batch_agent_cutoff_s')} s)"
                          if v.get("timed_out_runs") else ""),
                  f"{v['runs']}", fmt(v["wall_s_median"]), fmt(v["agents_per_s_median"]),
-                 fmt(v["valid_median"], 0), fmt(v["engine_prompt_tokens_median"], 0),
+                 fmt(v["valid_median"], 0), fmt(v.get("turns_median"), 0),
+                 fmt(v["engine_prompt_tokens_median"], 0),
                  fmt(v["engine_cached_prompt_tokens_median"], 0),
-                 fmt(v["client_cpu_ms_per_turn_median"]), fmt(v["wall_ratio_to_naive"])]
+                 fmt(v.get("engine_generated_tokens_per_turn_median"), 1),
+                 fmt(v["client_cpu_ms_per_turn_median"]),
+                 (f"{fmt(v['ttft_p50_s_median'])} / {fmt(v['ttft_p95_s_median'])}"
+                  if v.get("ttft_p50_s_median") is not None else "-"),
+                 fmt(v["wall_ratio_to_naive"])
+                 + (f" ({fmt(v['wall_ratio_to_naive_stream'])} to naive_stream)"
+                    if v.get("wall_ratio_to_naive_stream") is not None
+                    and name != "naive_stream" else "")]
                 for name, v in per.items()]
         parts += [f"**{wl}** (medians)", "",
-                  table(["system", "runs", "wall s", "agents/s", "valid", "prompt tok",
-                         "cached tok", "client CPU ms/turn", "wall / naive"], rows), ""]
+                  table(["system", "runs", "wall s", "agents/s", "valid", "turns",
+                         "prompt tok computed", "cached tok", "generated tok/turn",
+                         "client CPU ms/turn", "TTFT p50 / p95 s", "wall / naive"], rows), ""]
     return "\n".join(parts).rstrip()
+
+
+def render_scale(data: dict[str, Any]) -> str:
+    """benchmarks/bench_scale.py: submitting N agents, chunked vs one MULTI/EXEC."""
+    c = data["chunking"]
+    head = (f"### Submitting a large distributed batch (chunks of {c['max_entries']} agents / "
+            f"{c['max_bytes'] // 1024} KiB per command vs the old single MULTI/EXEC), "
+            f"{data['repeats']} repeats")
+    rows, notes = [], []
+    for size in data["sizes"]:
+        for mode in ("chunked", "single_exec"):
+            m = size.get(mode)
+            if m is None:
+                continue
+            rows.append([size["agents"], mode, fmt(m["submit_s"]),
+                         f"{fmt(m['peak_command_ms'])} ({m['peak_command']})",
+                         " / ".join(fmt(x) for x in m["peak_command_ms_runs"]),
+                         m["commands"], fmt(m["bytes_per_agent"], 0)])
+        r = size.get("ratios")
+        if r:
+            notes.append(f"- {size['agents']} agents: longest single command "
+                         f"**{fmt(r['peak_command_single_exec_vs_chunked'], 1)}x shorter** "
+                         f"chunked; submit time chunked / single EXEC "
+                         f"{fmt(r['submit_s_chunked_vs_single_exec'])}")
+    tbl = table(["agents", "submit", "submit s", "longest command ms", "raw peak per run ms",
+                 "commands", "Redis bytes/agent"], rows)
+    method = ("- longest command (what every other client waits behind): SLOWLOG (every "
+              "command) and, for EXEC, INFO commandstats, on a fresh redis-server; per command "
+              "the fastest of the repeats, then the longest; the raw per-run peak includes the "
+              "OS preempting redis-server on this shared machine. Bytes/agent: used_memory "
+              "delta (client buffers excluded), queued task messages included")
+    return "\n".join([head, "", tbl, "", *notes, method, "", _machine_line(data)])
+
+
+def render_failover(data: dict[str, Any]) -> str:
+    """benchmarks/bench_failover.py: a batch losing its Redis primary under Sentinel."""
+    st = data["settings"]
+    head = (f"### Losing the Redis primary mid-batch (Sentinel): {st['agents']} agents x 2 "
+            f"turns + 1 tool, {st['workers']} workers x {st['concurrency']} threads, sim "
+            f"{fmt(st['model_ms'], 0)} ms, primary SIGKILLed at {fmt(100 * st['kill_at'], 0)}% "
+            "delivered, shipped recovery settings")
+    rows = []
+    for r in data["runs"]:
+        f = r["failover"]
+        rows.append([r["down_after_ms"], fmt(r["promotion_s"]),
+                     fmt(r["first_commit_after_kill_s"]), fmt(r["first_result_after_kill_s"]),
+                     fmt(r["baseline"]["wall_s"]), fmt(f["wall_s"]), fmt(r["extra_wall_s"]),
+                     f["stats"].get("stat:recovered", 0),
+                     f"{f['missing']} / {f['delivered_twice']}",
+                     f.get("read_from_unreplicated_writes", "?")])
+    tbl = table(["down-after ms", "kill → promoted s", "kill → first commit s",
+                 "kill → first result s", "wall, no failure s", "wall, failover s",
+                 "extra s", "agents re-sent by the sweep", "missing / twice",
+                 "results read from lost writes"], rows)
+    note = ("- extra s: the failover batch's wall time minus the same batch's without a "
+            "failure, same group and workers. An agent whose queue message or commit died "
+            "with the primary waits for the sweep (lease / queue grace, 30 s by default).")
+    return "\n".join([head, "", tbl, "", note, "", _machine_line(data)])
 
 
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
              "recovery_default": render_recovery, "rate_limit": render_rate_limit,
-             "engine": render_engine}
+             "engine": render_engine, "scale": render_scale, "failover": render_failover,
+             "state_bytes": render_state_bytes, "sweep": render_sweep}
 
 
 def render_file(data: dict[str, Any]) -> str:

@@ -82,6 +82,11 @@ class BackpressureGate:
             "last_waiting": self._load.waiting if self._load is not None else None,
         }
 
+    def looks_open(self) -> bool:
+        """Whether the last known load admits a call now (no fetch: a claim asks this to
+        decide whether to take its inference slot in the same script)."""
+        return not self._blocked(self._load)
+
     def _blocked(self, load: ServerLoad | None) -> bool:
         return load is not None and load.waiting > self.max_waiting
 

@@ -51,6 +51,23 @@ class DistributedHandle(BatchHandle):
             result = result.model_copy(update={"output": self.contract.instance(result.output)})
         return result
 
+    def _first(self, seen: bytearray, fields: dict[str, str]) -> bool:
+        """False for a second result of an agent in one read. After a Sentinel failover an
+        agent whose final commit the old primary acknowledged but never replicated runs
+        again, and its result is written again; a reader that saw the first one skips it."""
+        try:
+            index = int(fields["i"])
+        except (KeyError, ValueError):
+            return True
+        if not 0 <= index < len(seen):
+            return True
+        if seen[index]:
+            log.warning("batch %s: skipped a second result of agent %d (written again after "
+                        "a Redis failover lost its first commit)", self.batch_id, index)
+            return False
+        seen[index] = 1
+        return True
+
     def _lost(self, why: str, *, reachable: bool = True) -> BatchLost | BatchExpired:
         """``BatchExpired`` when the batch's tombstone says its keys went on purpose
         (retention, delete), else ``BatchLost``."""
@@ -83,6 +100,7 @@ class DistributedHandle(BatchHandle):
                 ) -> Iterator[AgentResult]:
         """Results as agents finish; ``after`` resumes from a saved stream id."""
         cursor = check_cursor(after)
+        seen = bytearray(self.total)  # one byte per agent: each result once per read
         deadline = None if timeout is None else time.monotonic() + timeout
         failing_since: float | None = None
         next_memory_check = time.monotonic() + _OOM_CHECK_S
@@ -102,7 +120,8 @@ class DistributedHandle(BatchHandle):
             entries = reply[0][1] if reply else []
             for entry_id, fields in entries:
                 cursor = self.cursor = entry_id
-                yield self._decode(fields)
+                if self._first(seen, fields):
+                    yield self._decode(fields)
             if entries:
                 next_memory_check = time.monotonic() + _OOM_CHECK_S
                 continue
@@ -120,6 +139,7 @@ class DistributedHandle(BatchHandle):
     async def aresults(self, after: str | None = None) -> AsyncIterator[AgentResult]:
         cursor = check_cursor(after)
         client = async_client(self.redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
+        seen = bytearray(self.total)
         next_memory_check = time.monotonic() + _OOM_CHECK_S
         try:
             while True:
@@ -128,7 +148,8 @@ class DistributedHandle(BatchHandle):
                 entries = reply[0][1] if reply else []
                 for entry_id, fields in entries:
                     cursor = self.cursor = entry_id
-                    yield self._decode(fields)
+                    if self._first(seen, fields):
+                        yield self._decode(fields)
                 if entries:
                     next_memory_check = time.monotonic() + _OOM_CHECK_S
                     continue
@@ -153,14 +174,25 @@ class DistributedHandle(BatchHandle):
         counts = {k[2:]: int(v) for k, v in meta.items() if k.startswith("n:") and int(v)}
         counts.update({k: int(meta.get(k, 0)) for k in ("total", "delivered")})
         counts["finished"] = int(meta.get("finished", 0))
-        # agents the sweep re-sent that have not progressed since (cleared by their commit)
-        counts["recovering"] = int(self._client.hlen(self.keys.resends))
+        counts["recovering"] = self._recovering()
         counts.update({k: int(v) for k, v in meta.items() if k.startswith("stat:")})
         if not counts["finished"]:
             why = out_of_memory(self._client)
             if why is not None:
                 raise oom_error(self.batch_id, why, counts)
         return counts
+
+    def _recovering(self) -> int:
+        """Agents the sweep re-sent that have not progressed since: their ``resends`` entry
+        ("version:n") is still at their current version. Commits never clear the hash (one
+        command less per transition), so it is compared here, where it is rare."""
+        resends = self._client.hgetall(self.keys.resends)
+        if not resends:
+            return 0
+        indices = list(resends)
+        versions = self._client.hmget(self.keys.ver, indices)
+        return sum(1 for i, v in zip(indices, versions, strict=True)
+                   if v is not None and resends[i].split(":", 1)[0] == v)
 
     def cancel(self) -> None:
         """Workers stop each agent at its next step; each ends with error kind ``cancelled``.

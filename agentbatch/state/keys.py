@@ -1,6 +1,8 @@
 """Every Redis key agentbatch uses, in one place.
 
-A batch's keys share the hash tag ``{batch_id}`` so multi-key scripts stay on one cluster slot.
+A batch's keys share the hash tag ``{batch_id}``; this does not make agentbatch Cluster-safe:
+the commit script also touches ``ab:batches``, the fleet-wide ``ab:watch`` zset and the Celery
+queue lists, so Redis Cluster is refused (``state/connection.py``, ``CLUSTER_UNSUPPORTED``).
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 PREFIX = "ab"
 ACTIVE_BATCHES = f"{PREFIX}:batches"  # set of batch ids the recovery sweep watches
 SWEEP_LOCK = f"{PREFIX}:sweep:lock"  # one sweeper at a time, fleet-wide
+# zset: "<batch id>:<index>" -> progress deadline (ms), every live agent of every batch. One
+# fleet-wide set, so a sweep pass costs O(agents due), whatever the number of active batches.
+WATCH = f"{PREFIX}:watch"
 TOOL_DONE_CHANNEL = f"{PREFIX}:tool:done"  # pub/sub: "<key hash>:<token>" when a leader finishes
 DEAD_LETTERS = f"{PREFIX}:deadletter"  # list: queue messages no worker could decode
 TOMBSTONE_S = 30 * 24 * 3600  # how long a batch's ``gone`` key outlives its retention
@@ -21,9 +26,9 @@ class BatchKeys:
         self.batch_id = batch_id
         self.plan = f"{base}:plan"  # string: the BatchPlan JSON
         self.meta = f"{base}:meta"  # hash: total, delivered, cancelled, n:<status> counters
-        self.state = f"{base}:state"  # hash: index -> AgentState JSON
+        self.state = f"{base}:state"  # hash: index -> AgentState JSON, messages apart
         self.ver = f"{base}:ver"  # hash: index -> version (the fencing token)
-        self.watch = f"{base}:watch"  # zset: index -> progress deadline (ms)
+        self.watch = WATCH  # the fleet-wide deadline zset; this batch's members: member()
         self.results = f"{base}:results"  # stream: one entry per finished agent
         self.audit = f"{base}:audit"  # stream: (index, version) per commit, when auditing
         self.resends = f"{base}:resends"  # hash: index -> "version:n" re-sends without progress
@@ -36,8 +41,12 @@ class BatchKeys:
     def retained(self) -> list[str]:
         """Every fixed key the finishing commit gives the retention TTL (leases carry their own
         TTL; tool fan-in hashes are deleted by the commit that consumes them)."""
-        return [self.plan, self.meta, self.state, self.ver, self.watch, self.results,
-                self.audit, self.resends, self.run]
+        return [self.plan, self.meta, self.state, self.ver, self.results, self.audit,
+                self.resends, self.run]
+
+    def member(self, index: int) -> str:
+        """This agent's member of the fleet-wide ``WATCH`` zset."""
+        return f"{self.batch_id}:{index}"
 
     def pattern(self) -> str:
         """SCAN pattern matching every key of this batch, the tombstone included."""
@@ -47,9 +56,20 @@ class BatchKeys:
     def lease(self, index: int) -> str:
         return f"{self._base}:lease:{index}"
 
+    def messages(self, index: int) -> str:
+        """List: the agent's conversation, one JSON message per entry, appended per turn
+        (deleted by the commit that ends the agent)."""
+        return f"{self._base}:msgs:{index}"
+
     def tool_results(self, index: int, version: int) -> str:
         return f"{self._base}:tr:{index}:{version}"
 
+
+
+def watch_member(member: str) -> tuple[str, int]:
+    """(batch id, index) of a ``WATCH`` member."""
+    batch_id, _, index = member.rpartition(":")
+    return batch_id, int(index)
 
 
 def tool_lock(key_hash: str) -> str:

@@ -6,6 +6,7 @@ fails the compare-and-set and its work is dropped, so a turn is never applied tw
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import Any
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.plan import BatchPlan
-from .keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
+from .keys import ACTIVE_BATCHES, TOMBSTONE_S, WATCH, BatchKeys, watch_member
 from .scripts import Scripts
 
 TOOL_RESULTS_TTL_S = 7 * 24 * 3600  # a backstop: the commit that consumes a round deletes it
@@ -70,6 +71,51 @@ class Claim:
     state: AgentState | None = None
     cancelled: bool = False
     busy_ms: int = 0  # busy: how long the other holder's lease still lives
+    slot: bool = False  # ok: the inference slot was taken too (holder: the lease token)
+    listed: int = 0  # ok: how many of state.messages are in the agent's msgs list
+    aimd_limit: int = -1  # the fleet's shared AIMD limit as the claim saw it (-1: none)
+
+
+@dataclass(frozen=True)
+class SlotAsk:
+    """Take a fleet inference slot in the claim: the semaphore's zset, AIMD hash and limit."""
+
+    key: str
+    aimd_key: str
+    limit: int
+    ttl_ms: int
+
+
+def stored_state(state: AgentState) -> str:
+    """The state hash's entry: every field but the conversation, which lives in its list."""
+    return state.model_dump_json(exclude={"messages"})
+
+
+def message_entries(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The msgs list's entries for ``messages`` (compact JSON, one per message)."""
+    return [json.dumps(m, separators=(",", ":")) for m in messages]
+
+
+def with_messages(raw_state: str, listed: Sequence[str]) -> AgentState:
+    """The agent's state: its entry's fields, and its conversation, which is the entry's own
+    ``messages`` (only a state as submitted has any: the submit writes no lists) followed by
+    the ``listed`` entries of its msgs list."""
+    state = AgentState.model_validate_json(raw_state)
+    if listed:
+        state.messages = [*state.messages, *(json.loads(m) for m in listed)]
+    return state
+
+
+def new_messages(old: AgentState, new: AgentState,
+                 listed: int | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """(mode, messages) to store for ``old`` → ``new``: what is not in the list yet ('a': the
+    first ``listed`` of ``old.messages`` are, default all), or, should a transition ever
+    rewrite history, all of it ('r')."""
+    n = len(old.messages)
+    if new.messages[:n] == old.messages:
+        tail = new.messages[n if listed is None else listed:]
+        return ("a" if tail else ""), tail
+    return "r", list(new.messages)
 
 
 class BatchStore:
@@ -85,68 +131,90 @@ class BatchStore:
         raw = await self.r.get(self.k.plan)
         return BatchPlan.model_validate_json(raw) if raw else None
 
-    async def claim_turn(self, index: int, version: int, token: str, ttl_ms: int) -> Claim:
+    async def claim_turn(self, index: int, version: int, token: str, ttl_ms: int,
+                         slot: SlotAsk | None = None) -> Claim:
+        """Claim the turn: lease, deadline, state and conversation, and the inference slot
+        too when ``slot`` is given (one round trip for all; the commit releases the slot)."""
         k = self.k
         await sync_clock(self.r)
-        reply = await self.s.claim(keys=[k.ver, k.state, k.lease(index), k.watch, k.meta, k.run],
-                                   args=[index, version, token, ttl_ms, now_ms()])
+        reply = await self.s.claim(
+            keys=[k.ver, k.state, k.lease(index), k.watch, k.meta, k.run, k.messages(index),
+                  slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta],
+            args=[index, version, token, ttl_ms, now_ms(), slot.limit if slot else "",
+                  slot.ttl_ms if slot else 0, k.member(index)])
         if reply[0] == "busy":
             return Claim(kind="busy", busy_ms=max(int(reply[1]), 0))
         if reply[0] != "ok":
             return Claim(kind=reply[0])
-        state = AgentState.model_validate_json(reply[1])
-        return Claim(kind="ok", state=state, cancelled=reply[2] == "1")
+        return Claim(kind="ok", state=with_messages(reply[1], reply[3]),
+                     cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
+                     aimd_limit=int(reply[5]), listed=len(reply[3]))
 
     async def renew(self, index: int, token: str, ttl_ms: int) -> bool:
         return bool(await self.s.renew(keys=[self.k.lease(index), self.k.watch],
-                                       args=[token, ttl_ms, now_ms(), index]))
+                                       args=[token, ttl_ms, now_ms(), self.k.member(index)]))
 
-    async def release(self, index: int, token: str) -> None:
-        await self.s.release(keys=[self.k.lease(index)], args=[token])
+    async def release(self, index: int, token: str, slot_key: str | None = None) -> None:
+        """Drop our lease, and our inference slot in ``slot_key`` if given."""
+        keys = [self.k.lease(index)] + ([slot_key] if slot_key else [])
+        await self.s.release(keys=keys, args=[token])
 
     async def commit(self, old: AgentState, new: AgentState, *, token: str = "",
                      result_json: str = "", deadline_ms: int = 0, audit: bool = False,
                      enqueue: Sequence[tuple[str, str]] = (),
-                     retention_s: float = DEFAULT_RETENTION_S) -> bool:
+                     retention_s: float = DEFAULT_RETENTION_S,
+                     slot_key: str = "", listed: int | None = None) -> bool:
         """Write ``new`` only if the stored version is still ``old.version``; on success push
         the ``enqueue`` task messages (list key, payload) in the same atomic step.
 
-        A terminal agent is stored without its conversation (its result, written in the same
-        step, is what readers get); the commit that finishes the batch sets its retention
-        TTL (``retention_s`` only for a batch submitted without one)."""
+        Only the messages not in the agent's list yet are written: ``old.messages`` is what
+        this worker loaded (all of them for a turn, none or the last for a tool round), of
+        which the first ``listed`` (default: all) are in the list; the rest came with the
+        submitted state and are listed by this first commit. A terminal
+        agent is stored without its conversation (its result, written in the same step, is
+        what readers get); the commit that finishes the batch sets its retention TTL
+        (``retention_s`` only for a batch submitted without one). With a ``token``, the
+        lease and the inference slot it holds in ``slot_key`` are released, won or lost."""
         k = self.k
         terminal = new.status.terminal
         stored = terminal_state(new) if terminal else new
+        mode, tail = ("", []) if terminal else new_messages(old, new, listed)
         ok = await self.s.commit(
             keys=[k.ver, k.state, k.lease(old.index), k.watch, k.meta, k.results,
                   ACTIVE_BATCHES, k.audit, k.resends, k.plan, k.run,
-                  k.tool_results(old.index, old.version), k.gone,
+                  k.tool_results(old.index, old.version), k.gone, k.messages(old.index),
+                  slot_key or k.lease(old.index),
                   *(key for key, _ in enqueue)],
-            args=[old.index, old.version, new.version, stored.model_dump_json(), token,
+            args=[old.index, old.version, new.version, stored_state(stored), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
                   deadline_ms, self.batch_id, "1" if audit else "0",
-                  retention_ms(retention_s), TOMBSTONE_S * 1000,
+                  retention_ms(retention_s), TOMBSTONE_S * 1000, mode, len(tail),
+                  *message_entries(tail),
                   *(payload for _, payload in enqueue)],
         )
         return bool(ok)
+
+    async def last_message(self, index: int) -> list[dict[str, Any]]:
+        """The agent's last message (as a one-item list), for a tool round that needs it."""
+        raw = await self.r.lindex(self.k.messages(index), -1)
+        return [json.loads(raw)] if raw else []
 
     async def cancelled(self) -> bool:
         """Whether the batch was cancelled (asked by turns waiting for capacity)."""
         return await self.r.hget(self.k.meta, "cancelled") == "1"
 
-    async def load_for_tool(self, index: int, version: int,
-                            call_id: str) -> tuple[AgentState | None, bool, bool]:
-        """(state if still at ``version``, outcome already recorded, batch cancelled)."""
+    async def start_tool(self, index: int, version: int, call_id: str,
+                         ttl_ms: int) -> tuple[AgentState | None, bool, bool]:
+        """(state if still at ``version``, outcome already recorded, batch cancelled); a call
+        that is to run is marked started with its deadline ``ttl_ms`` ahead (``tool_start``:
+        one round trip)."""
         k = self.k
-        async with self.r.pipeline(transaction=False) as p:
-            p.hget(k.ver, index)
-            p.hget(k.state, index)
-            p.hexists(k.tool_results(index, version), call_id)
-            p.hget(k.meta, "cancelled")
-            ver, raw, have, cancelled = await p.execute()
-        if ver is None or int(ver) != version or raw is None:
-            return None, bool(have), cancelled == "1"
-        return AgentState.model_validate_json(raw), bool(have), cancelled == "1"
+        await sync_clock(self.r)
+        raw, have, cancelled = await self.s.tool_start(
+            keys=[k.ver, k.state, k.tool_results(index, version), k.meta, k.watch, k.run],
+            args=[index, version, call_id, now_ms() + ttl_ms, k.member(index)])
+        state = AgentState.model_validate_json(raw) if raw else None
+        return state, bool(int(have)), cancelled == "1"
 
     async def record_tool(self, index: int, version: int, outcome: ToolOutcome,
                           expected: int) -> dict[str, ToolOutcome] | int:
@@ -166,12 +234,6 @@ class BatchStore:
     async def tool_outcomes(self, index: int, version: int) -> dict[str, ToolOutcome]:
         raw = await self.r.hgetall(self.k.tool_results(index, version))
         return {cid: ToolOutcome.model_validate_json(v) for cid, v in raw.items()}
-
-    async def due(self, limit: int = 200) -> list[int]:
-        """Agents whose progress deadline has passed (by Redis's clock)."""
-        await sync_clock(self.r)
-        found = await self.r.zrangebyscore(self.k.watch, "-inf", now_ms(), start=0, num=limit)
-        return [int(i) for i in found]
 
     async def inspect(self, index: int) -> tuple[AgentState | None, bool, bool]:
         """(current state, lease held, current version started) for the recovery sweep."""
@@ -195,18 +257,31 @@ class BatchStore:
             keys=[k.ver, k.lease(state.index), k.watch, k.resends, k.run, k.meta, k.audit,
                   *(key for key, _ in enqueue)],
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
-                  "1" if audit else "0", *(payload for _, payload in enqueue)],
+                  "1" if audit else "0", k.member(state.index),
+                  *(payload for _, payload in enqueue)],
         ))
 
     async def tool_running(self, index: int, version: int, ttl_ms: int) -> bool:
         """A tool call of this round runs: mark the version started, deadline now + ttl."""
         await sync_clock(self.r)
         return bool(await self.s.tool_touch(keys=[self.k.ver, self.k.watch, self.k.run],
-                                            args=[index, version, now_ms() + ttl_ms]))
+                                            args=[index, version, now_ms() + ttl_ms,
+                                                  self.k.member(index)]))
 
     async def push_deadline(self, index: int, deadline_ms: int) -> None:
-        await self.r.zadd(self.k.watch, {str(index): deadline_ms}, xx=True)
+        await self.r.zadd(self.k.watch, {self.k.member(index): deadline_ms}, xx=True)
 
+    async def unwatch(self, index: int) -> None:
+        await self.r.zrem(self.k.watch, self.k.member(index))
+
+
+
+async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:
+    """(batch id, index) of agents whose progress deadline has passed (by Redis's clock),
+    across the fleet: one ZRANGEBYSCORE, however many batches are active."""
+    await sync_clock(client)
+    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
+    return [watch_member(m) for m in found]
 
 
 def retention_ms(retention_s: float) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from ..errors import BatchExpired, BatchSpecError, RedisOutOfMemory
-from .keys import ACTIVE_BATCHES, PREFIX, TOMBSTONE_S, BatchKeys
+from .keys import ACTIVE_BATCHES, PREFIX, TOMBSTONE_S, WATCH, BatchKeys
 
 OOM_PROBE = f"{PREFIX}:oom:probe"  # a tiny write that Redis refuses exactly when workers' are
 _UNLINK_CHUNK = 500
@@ -89,6 +89,9 @@ def delete_batch(client: redis.Redis, batch_id: str, *, force: bool = False) -> 
             client.hset(k.meta, "cancelled", 1)
     client.srem(ACTIVE_BATCHES, batch_id)
     removed = int(client.unlink(k.ver, k.plan, k.meta))
+    total = int(meta.get("total", 0) or 0)  # its live agents' deadlines, in the fleet's zset
+    for start in range(0, total, _UNLINK_CHUNK):
+        client.zrem(WATCH, *(k.member(i) for i in range(start, min(start + _UNLINK_CHUNK, total))))
     keys = batch_keys(client, batch_id)
     for start in range(0, len(keys), _UNLINK_CHUNK):
         removed += int(client.unlink(*keys[start:start + _UNLINK_CHUNK]))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 _LUA_DIR = Path(__file__).with_name("lua")
-NAMES = ("claim", "commit", "resend", "tool_touch", "renew", "release", "record_tool",
+NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "release", "record_tool",
          "sem_acquire", "tool_lead",
          "lock_renew",
          "tool_finish",
@@ -31,6 +31,7 @@ class Scripts:
     commit: Any
     resend: Any
     tool_touch: Any
+    tool_start: Any
     renew: Any
     release: Any
     record_tool: Any

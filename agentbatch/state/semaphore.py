@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import BatchCancelled, ServerBusy
 from .keys import semaphore
+from .redis_store import SlotAsk
 from .scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -155,19 +156,31 @@ class RedisSemaphore:
             self.increases += 1
         return bool(increased)
 
+    def ask(self) -> SlotAsk:
+        """What a claim needs to take a slot in its own script (``BatchStore.claim_turn``)."""
+        return SlotAsk(self.key, self.aimd_key, self.limit, self.ttl_ms)
+
+    def claimed(self, aimd_limit: int) -> None:
+        """Note the shared AIMD limit a claim that asked for a slot saw."""
+        self._note(aimd_limit)
+
     @contextlib.asynccontextmanager
     async def slot(self, ready: Callable[[], Awaitable[None]] | None = None, *,
                    deadline: float | None = None,
-                   cancelled: CancelCheck | None = None) -> AsyncIterator[Slot]:
+                   cancelled: CancelCheck | None = None, holder: str | None = None,
+                   held: bool = False, keep: bool = False) -> AsyncIterator[Slot]:
         """Hold one slot for the body; ``ready`` (backpressure) is awaited before each try.
 
         ``deadline`` (``time.monotonic()``) bounds the wait: past it, ``ServerBusy``.
         ``cancelled()`` is asked every ``CANCEL_CHECK_S`` while waiting: ``BatchCancelled``.
+        ``held``: ``holder`` already has the slot (a claim took it); ``keep``: leave it held
+        on a normal exit, for the commit that follows to release in its own script (it is
+        still released here when the body raises).
         """
-        holder = uuid.uuid4().hex
+        holder = holder or uuid.uuid4().hex
         delay = 0.005
         next_check = time.monotonic() + CANCEL_CHECK_S
-        while True:
+        while not held:
             if ready is not None:
                 await ready()
             if await self.try_acquire(holder):
@@ -182,13 +195,22 @@ class RedisSemaphore:
                     raise BatchCancelled("the batch was cancelled")
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, self.max_backoff_s)
-        held = Slot(holder)
-        renewer = asyncio.create_task(self._renew(held))
+        slot = Slot(holder)
+        renewer = asyncio.create_task(self._renew(slot))
+        released = False
         try:
-            yield held
-        finally:
+            if held and ready is not None:
+                await ready()  # the claim took the slot on the gate's last reading; ask now
+            yield slot
+        except BaseException:
+            released = True
             renewer.cancel()
             await asyncio.shield(self.release(holder))
+            raise
+        finally:
+            renewer.cancel()
+            if not keep and not released:
+                await asyncio.shield(self.release(holder))
 
     async def _renew(self, held: Slot) -> None:
         """Keep the slot alive; notice (and report) when it is gone, and re-admit it."""

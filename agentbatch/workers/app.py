@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from ..state.connection import broker_ssl, broker_url
+from ..state.connection import broker_ssl, broker_transport, broker_url
 
 INFERENCE_QUEUE = "inference"
 TOOLS_QUEUE = "tools"
@@ -27,13 +27,18 @@ def celery_config(redis_url: str) -> dict[str, Any]:
     transport = {
         "queue_order_strategy": "priority",  # near-done agents first (0 is highest)
         "priority_steps": PRIORITY_STEPS,
-        # Celery's own redelivery is a slow backstop; leases + the sweep own recovery.
-        "visibility_timeout": int(os.environ.get("AGENTBATCH_VISIBILITY_TIMEOUT_S", "3600")),
+        # No ack emulation: kombu would copy every delivered message into an ``unacked``
+        # hash and zset and delete it again on ack (eight Redis commands per task) only to
+        # redeliver it an hour later. Leases, the progress deadlines and the sweep own
+        # recovery: a message a dead worker took is re-sent once its agent's deadline passes
+        # (workers/sweep.py), and a worker's warm shutdown hands back what it prefetched.
+        "ack_emulation": False,
         "health_check_interval": 10,  # celery#8030: notice dead broker connections
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
         "socket_keepalive": True,
         "retry_on_timeout": True,
+        **broker_transport(redis_url),  # sentinel://: the primary's name (master_name)
     }
     return {
         # one reading of the URL for broker and state: unix sockets, verified TLS
@@ -68,8 +73,8 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        # poison queue messages are dead-lettered, not fatal (workers/poison.py)
-        "worker_consumer": "agentbatch.workers.poison:Consumer",
+        # poison messages dead-lettered, task events batched (workers/consumer.py)
+        "worker_consumer": "agentbatch.workers.consumer:Consumer",
     }
 
 

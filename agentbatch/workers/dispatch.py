@@ -11,7 +11,7 @@ from celery import Celery
 
 from ..orchestrator.agent_state import AgentState
 from ..orchestrator.turns import CallModel, RunTools, TurnPolicy, next_action
-from ..state.connection import sync_client
+from ..state.connection import broker_client_url, sync_client
 from .app import (
     INFERENCE_QUEUE,
     PRIORITY_STEPS,
@@ -77,7 +77,9 @@ def broker_client(app: Celery) -> redis.Redis:
     ``broker_url`` carries none (``ssl_ca_certs`` & co. move to ``broker_use_ssl``), and
     without them a private CA's certificate fails verification."""
     tls = tuple(sorted((app.conf.broker_use_ssl or {}).items()))
-    return _broker_client(app.conf.broker_url, tls)
+    # sentinel: kombu's broker_url lists the sentinels; the primary's name is a transport option
+    return _broker_client(broker_client_url(app.conf.broker_url,
+                                            app.conf.broker_transport_options), tls)
 
 
 def publish(app: Celery, followups: list[Followup]) -> None:

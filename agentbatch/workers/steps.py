@@ -32,7 +32,7 @@ from ..orchestrator.turns import (
     next_action,
     step,
 )
-from ..state.redis_store import BatchStore, now_ms
+from ..state.redis_store import BatchStore, Claim, now_ms
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
 from .dispatch import Followup, envelopes, followups_for, turn_again
@@ -61,8 +61,10 @@ def advance(loaded: LoadedBatch, state: AgentState, event: Event) -> AgentState:
 
 
 async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
-                 token: str = "") -> list[Followup]:
-    """Compare-and-set ``old`` → ``new``, enqueueing its follow-ups in the same script.
+                 token: str = "", slot_key: str = "",
+                 listed: int | None = None) -> list[Followup]:
+    """Compare-and-set ``old`` → ``new``, enqueueing its follow-ups in the same script (and
+    releasing the turn's lease and inference slot, won or lost).
 
     Returns the follow-ups still to send: none, since the commit already pushed them."""
     result_json = ""
@@ -74,7 +76,8 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
                                     deadline_ms=deadline_for(ctx),
                                     audit=ctx.settings.audit,
                                     enqueue=envelopes(celery_app, followups),
-                                    retention_s=ctx.settings.retention_s)
+                                    retention_s=ctx.settings.retention_s,
+                                    slot_key=slot_key, listed=listed)
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     return []
@@ -99,8 +102,9 @@ async def lease_renewal(ctx: WorkerContext, store: BatchStore, index: int,
 @contextlib.asynccontextmanager
 async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int,
                      version: int) -> AsyncIterator[None]:
-    """While a tool call runs, keep its agent's deadline one lease ahead: a tool worker that
-    dies is then noticed at lease expiry, not after the queue grace."""
+    """While a tool call runs, keep its agent's deadline one lease ahead (``start_tool`` set
+    the first): a tool worker that dies is then noticed at lease expiry, not after the queue
+    grace."""
     ttl_ms = ctx.settings.lease_ttl_ms
 
     async def renew() -> None:
@@ -109,7 +113,6 @@ async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int,
             with contextlib.suppress(Exception):
                 await store.tool_running(index, version, ttl_ms)
 
-    await store.tool_running(index, version, ttl_ms)
     task = asyncio.create_task(renew())
     try:
         yield
@@ -119,13 +122,21 @@ async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int,
 
 async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
                    version: int) -> list[Followup]:
+    """Claim (lease, state, conversation and, when the server admits calls, the inference
+    slot: one round trip), call the model, commit (one round trip, which also releases the
+    lease and the slot)."""
     loaded = await ctx.batch(batch_id)
     if loaded is None:
         log.warning("turn for unknown batch %s (finished and expired, or lost)", batch_id)
         return []
     store = loaded.store
     token = uuid.uuid4().hex
-    claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms)
+    rt = loaded.runtime
+    sem = ctx.semaphore(loaded.plan, rt.backend) if rt is not None else None
+    gate = ctx.gate(loaded.plan, rt.backend) if rt is not None else None
+    ask = sem.ask() if sem is not None and (gate is None or gate.looks_open()) else None
+    claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms,
+                                   slot=ask)
     if claim.kind == "busy":
         # Another delivery holds this turn. Try again when its lease would run out: if that
         # holder commits, this copy is stale and dropped; if it died, this copy resumes the
@@ -135,23 +146,26 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     if claim.kind != "ok" or claim.state is None:
         await ctx.note(batch_id, f"dropped_{claim.kind}")
         return []
+    if sem is not None and ask is not None:
+        sem.claimed(claim.aimd_limit)
+    slot_key = sem.key if sem is not None else ""
     state = claim.state
     try:
-        event = await _turn_event(ctx, loaded, state, token, claim.cancelled)
+        event = await _turn_event(ctx, loaded, state, token, claim)
         new = advance(loaded, state, event)
     except InvalidTransition:
-        await store.release(index, token)
+        await store.release(index, token, slot_key)
         await ctx.note(batch_id, "dropped_invalid")
         return []
     except BaseException:
-        await asyncio.shield(store.release(index, token))
+        await asyncio.shield(store.release(index, token, slot_key))
         raise
-    return await commit(ctx, loaded, state, new, token)
+    return await commit(ctx, loaded, state, new, token, slot_key, claim.listed)
 
 
 async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, token: str,
-                      cancelled: bool) -> Event:
-    if cancelled:
+                      claim: Claim) -> Event:
+    if claim.cancelled:
         return Cancelled()
     if loaded.runtime is None:
         return Abandoned(loaded.error_kind, loaded.error or "the batch cannot run here")
@@ -171,8 +185,11 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
             await gate.wait_ready(deadline=deadline, cancelled=cancelled)
 
     try:
+        # The slot is the lease token's; the claim may have taken it already, and the commit
+        # releases it in its own script.
         async with lease_renewal(ctx, loaded.store, state.index, token), \
-                sem.slot(ready=ready, deadline=deadline, cancelled=cancelled):
+                sem.slot(ready=ready, deadline=deadline, cancelled=cancelled, holder=token,
+                         held=claim.slot, keep=True):
             event = await call_model(rt, state, action)
     except ServerBusy as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
@@ -191,7 +208,8 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
     if loaded is None:
         return []
     store = loaded.store
-    state, recorded, cancelled = await store.load_for_tool(index, version, call_id)
+    state, recorded, cancelled = await store.start_tool(index, version, call_id,
+                                                         ctx.settings.lease_ttl_ms)
     if state is None or state.status is not AgentStatus.AWAITING_TOOLS:
         await ctx.note(batch_id, "dropped_stale")
         return []
@@ -211,6 +229,10 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
             outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
                                          timeout=loaded.plan.timeout_per_tool)
         ctx.stats["tool_calls"] += 1
+        if len(state.pending_calls) == 1:
+            # A round of one call needs no fan-in: the commit's compare-and-set alone makes
+            # its outcome count once (a duplicate delivery finds the agent moved on).
+            return await finish_tools(ctx, loaded, state, {call_id: outcome})
         recorded_now = await store.record_tool(index, version, outcome,
                                                expected=len(state.pending_calls))
         if recorded_now == -1:
@@ -229,5 +251,9 @@ async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch, state: AgentStat
         outcomes = await loaded.store.tool_outcomes(state.index, state.version)
     if any(c.id not in outcomes for c in state.pending_calls):
         return []
+    if not state.messages and len(state.pending_calls) >= loaded.policy.max_tool_calls_per_turn:
+        # Calls past the cap are answered from the reply itself (the last message), which a
+        # tool task does not load: only a round at the cap can have such calls.
+        state = state.model_copy(update={"messages": await loaded.store.last_message(state.index)})
     new = advance(loaded, state, ToolsFinished(list(outcomes.values())))
     return await commit(ctx, loaded, state, new)

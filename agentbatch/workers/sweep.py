@@ -26,8 +26,8 @@ import uuid
 
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.turns import Abandoned, step
-from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK
-from ..state.redis_store import now_ms
+from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
+from ..state.redis_store import due_agents, now_ms
 from .app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
@@ -39,17 +39,25 @@ log = logging.getLogger(__name__)
 
 
 async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> int:
-    """One pass over every active batch; returns how many tasks were re-sent."""
+    """One pass over the agents due (at most ``limit``, earliest first, whatever batch they
+    belong to); returns how many tasks were re-sent. Its cost is O(agents due): the deadlines
+    of every batch live in one zset, so 500 idle active batches cost nothing."""
     token = uuid.uuid4().hex
     lock_ms = int(max(ctx.settings.sweep_interval_s * 3, 5) * 1000)
     if not await ctx.redis.set(SWEEP_LOCK, token, nx=True, px=lock_ms):
         return 0
     try:
+        due = await due_agents(ctx.redis, limit)
+        if not due:
+            return 0
+        by_batch: dict[str, list[int]] = {}
+        for batch_id, index in due:
+            by_batch.setdefault(batch_id, []).append(index)
         waiting = await _queue_waiting(ctx)
         sent = 0
-        for batch_id in await ctx.redis.smembers(ACTIVE_BATCHES):
+        for batch_id, indices in by_batch.items():
             try:
-                sent += await _sweep_batch(ctx, batch_id, limit, waiting)
+                sent += await _sweep_batch(ctx, batch_id, indices, waiting)
             except Exception:  # one bad batch never stops the recovery of the others
                 log.exception("sweeping batch %s failed; the other batches are swept", batch_id)
         return sent
@@ -68,18 +76,25 @@ async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
     return {INFERENCE_QUEUE: sum(lengths[:n]), TOOLS_QUEUE: sum(lengths[n:])}
 
 
-async def _sweep_batch(ctx: WorkerContext, batch_id: str, limit: int,
+async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
                        waiting: dict[str, int]) -> int:
     loaded = await ctx.batch(batch_id)
     if loaded is None:
+        keys = BatchKeys(batch_id)
+        members = [keys.member(i) for i in indices]
+        if await ctx.redis.exists(keys.ver):  # still being submitted: look again later
+            later = now_ms() + ctx.settings.queue_grace_ms
+            await ctx.redis.zadd(WATCH, dict.fromkeys(members, later), xx=True)
+            return 0
+        await ctx.redis.zrem(WATCH, *members)  # deleted or expired under its agents
         await ctx.redis.srem(ACTIVE_BATCHES, batch_id)
         return 0
     store = loaded.store
     sent = 0
-    for index in await store.due(limit):
+    for index in indices:
         state, leased, started = await store.inspect(index)
         if state is None or state.terminal:
-            await ctx.redis.zrem(store.k.watch, index)
+            await store.unwatch(index)
             continue
         if leased:  # a live worker holds it; look again when the lease would have run out
             await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms)

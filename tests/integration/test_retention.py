@@ -68,7 +68,8 @@ def test_a_finished_batch_expires_whole_and_a_late_reader_gets_batch_expired(
     assert not [key for key in keys if ":tr:" in key]  # fan-in hashes went with their round
     # a terminal agent keeps its scalars, not its conversation
     stored = json.loads(r.hget(k.state, "0"))
-    assert stored["status"] == "done" and stored["messages"] == []
+    assert stored["status"] == "done" and "messages" not in stored
+    assert not [key for key in keys if ":msgs:" in key]  # nor its conversation list
     assert stored["tool_log"] == [] and stored["output"] == results[0].output.model_dump()
 
     _wait_until(lambda: _keys(r, handle.batch_id) == [k.gone], 20, "the batch's keys to expire")

@@ -126,9 +126,9 @@ def skewed_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_progress_deadlines_a_skewed_worker_writes_are_in_redis_time(client: Any) -> None:
     store = BatchStore(client, Scripts(client), "skew-lease")
     await client.hset(store.k.ver, "0", "1")
-    await client.zadd(store.k.watch, {"0": 0})
+    await client.zadd(store.k.watch, {store.k.member(0): 0})
     assert await store.tool_running(0, 1, ttl_ms=3000) is True
-    score = await client.zscore(store.k.watch, "0")
+    score = await client.zscore(store.k.watch, store.k.member(0))
     assert abs(score - (await redis_ms(client) + 3000)) < 2000, score
 
 
@@ -136,5 +136,7 @@ async def test_progress_deadlines_a_skewed_worker_writes_are_in_redis_time(clien
 async def test_a_sweeper_with_a_skewed_clock_sees_no_live_agent_as_due(client: Any) -> None:
     store = BatchStore(client, Scripts(client), "skew-sweep")
     live = await redis_ms(client) + 5000  # its lease runs 5 more seconds
-    await client.zadd(store.k.watch, {"0": live, "1": await redis_ms(client) - 1})
-    assert await store.due() == [1]  # only the agent whose deadline really passed
+    await client.zadd(store.k.watch, {store.k.member(0): live,
+                                      store.k.member(1): await redis_ms(client) - 1})
+    # only the agent whose deadline really passed
+    assert await redis_store.due_agents(client) == [("skew-sweep", 1)]

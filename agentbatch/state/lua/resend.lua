@@ -1,6 +1,7 @@
 -- Re-send a lost agent's task(s), atomically with counting it and moving its deadline.
 -- KEYS: ver, lease, watch, resends, run, meta, audit, queue lists...
--- ARGV: index, version, now_ms, base_ms, max_resends, audit ('1'|'0'), payloads...
+-- ARGV: index, version, now_ms, base_ms, max_resends, audit ('1'|'0'), watch member,
+--       payloads...
 -- Returns -1 when the agent moved on or is leased again (nothing sent), -2 when it was
 -- re-sent max_resends times at this version already (nothing sent: the caller ends it),
 -- else the number of re-sends at this version, this one included. The next look is
@@ -18,10 +19,10 @@ if n > tonumber(ARGV[5]) then return -2 end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2] .. ':' .. n)
 redis.call('HDEL', KEYS[5], ARGV[1])
 local wait = tonumber(ARGV[4]) * 2 ^ math.min(n - 1, 5)
-redis.call('ZADD', KEYS[3], tonumber(ARGV[3]) + wait, ARGV[1])
+redis.call('ZADD', KEYS[3], tonumber(ARGV[3]) + wait, ARGV[7])
 redis.call('HINCRBY', KEYS[6], 'stat:recovered', 1)
 if ARGV[6] == '1' then redis.call('XADD', KEYS[7], '*', 'i', ARGV[1], 'resent', ARGV[2]) end
 for j = 8, #KEYS do
-  redis.call('RPUSH', KEYS[j], ARGV[j - 1])
+  redis.call('RPUSH', KEYS[j], ARGV[j])
 end
 return n
