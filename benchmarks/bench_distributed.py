@@ -122,6 +122,10 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
     try:
         steps = 2 * ROUNDS + 1
         app.conf.broker_url = server.url
+        r.config_resetstat()
+        before = {p.pid: cpu_seconds(p.pid) for p in fleet}
+        redis_before = cpu_seconds(server.proc.pid)
+        me_before = time.process_time()
         started = time.perf_counter()
         publish(app, [step_message(a, steps) for a in range(agents)])
         deadline = time.monotonic() + max(600.0, agents * steps * 0.02)
@@ -140,11 +144,23 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
                                    f"{agents} agents before its deadline")
             time.sleep(0.05)
         wall = time.perf_counter() - started
+        worker_cpu = sum(cpu_seconds(p.pid) - before[p.pid] for p in fleet)
+        redis_cpu = cpu_seconds(server.proc.pid) - redis_before
+        client_cpu = time.process_time() - me_before
+        cmds = commands(r)
     finally:
         for p in fleet:
             p.terminate()
             p.wait(30)
-    return {"agents": agents, "tasks": agents * steps, "wall_s": round(wall, 3)}
+    tasks = agents * steps
+    # The same measures as ``run_agentbatch``: what Celery alone costs per task on this
+    # machine, the part of each per-task target that agentbatch cannot remove.
+    return {"agents": agents, "tasks": tasks, "wall_s": round(wall, 3),
+            "cpu_s": {"workers": round(worker_cpu, 2), "redis": round(redis_cpu, 2),
+                      "submitter": round(client_cpu, 2)},
+            "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
+                                                   / tasks * 1000, 3),
+            "redis_commands_per_task_incl_lua": round(cmds / tasks, 2)}
 
 
 def client_commands_per_task(server: RedisServer, backend: str, concurrency: int) -> dict:
@@ -236,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             "wall_vs_celery_floor": (round(ours["wall_s"] / floor["wall_s"], 3)
                                      if "wall_s" in floor else None),
             "wall_vs_critical_path": round(ours["wall_s"] / critical, 3),
+            "cpu_per_task_vs_celery_floor": (
+                round(ours["cpu_ms_per_task_all_processes"]
+                      / floor["cpu_ms_per_task_all_processes"], 3)
+                if floor.get("cpu_ms_per_task_all_processes") else None),
+            "redis_commands_per_task_vs_celery_floor": (
+                round(ours["redis_commands_per_task_incl_lua"]
+                      / floor["redis_commands_per_task_incl_lua"], 3)
+                if floor.get("redis_commands_per_task_incl_lua") else None),
         },
     }
     write_json(Path(args.json), report)

@@ -162,13 +162,21 @@ def render_distributed(data: dict[str, Any]) -> str:
             f"{w['inference_workers']} inference + {w['tool_workers']} tool worker processes "
             f"(threads x {w['threads_per_worker']}), sim fixed {fmt(w['fixed_ms'], 0)} ms, "
             f"tool {fmt(w['tool_s'])} s")
+    def per_task(run: dict[str, Any], key: str) -> str:
+        return fmt(run[key]) if key in run else "-"  # older files: the floor had no CPU count
+
     tbl = table(
-        ["run", "tasks", "ok", "wall s", "wall / Celery floor", "wall / critical path"],
+        ["run", "tasks", "ok", "wall s", "wall / Celery floor", "wall / critical path",
+         "CPU ms / task", "Redis commands / task"],
         [["agentbatch", ours["tasks"], f"{ours['ok']}/{ours['agents']}", fmt(ours["wall_s"]),
-          fmt(ratios["wall_vs_celery_floor"]), fmt(ratios["wall_vs_critical_path"])],
+          fmt(ratios["wall_vs_celery_floor"]), fmt(ratios["wall_vs_critical_path"]),
+          per_task(ours, "cpu_ms_per_task_all_processes"),
+          per_task(ours, "redis_commands_per_task_incl_lua")],
          ["Celery floor (same task graph, no-op tasks)", floor.get("tasks", "-"), "-",
           fmt(floor["wall_s"]) if "wall_s" in floor else f"failed: {floor.get('error')}",
-          "1.00" if "wall_s" in floor else "-", "-"]],
+          "1.00" if "wall_s" in floor else "-", "-",
+          per_task(floor, "cpu_ms_per_task_all_processes"),
+          per_task(floor, "redis_commands_per_task_incl_lua")]],
     )
     cpu = ours["cpu_s"]
     bullets = [
