@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model_io import ModelResponse, ToolCall, ToolOutcome
+from ..model_io import Message, ModelResponse, ToolCall, ToolOutcome
 from ..results import AgentError, ToolCallRecord
 from .agent_state import AgentState, AgentStatus
 from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
@@ -21,6 +21,13 @@ REPAIR_PROMPT = (
     "Your previous reply could not be used: {error}\n"
     "Reply again with only the corrected final answer."
 )
+# A reply cut off at the token limit that does not validate goes back to the model as its
+# first CUT_REPLY_KEEP characters, not whole: re-reading a runaway (a string repeated until
+# max_tokens) costs the engine every one of its tokens again as prompt, and tells the model
+# nothing the first words do not. Measured on llama-server with SmolLM2-135M (issue 9): a
+# repair turn after a 96-token runaway computed 186 prompt tokens, 96 of them that reply.
+CUT_REPLY_KEEP = 60
+CUT_REPLY_ERROR = "it was cut off at the token limit before it ended; give a shorter answer"
 TOO_MANY_CALLS = (
     "too many tool calls in one reply; at most {cap} run per turn. This call was not run; "
     "make it again in a later turn if you still need it."
@@ -174,12 +181,22 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
     if parsed.ok:
         return _end(state, AgentStatus.DONE, None, text=resp.text, output=parsed.value, **common)
     if state.retries < policy.max_retries:
-        repair = {"role": "user", "content": REPAIR_PROMPT.format(error=parsed.error)}
+        error = parsed.error
+        if resp.finish_reason == "length":
+            error = CUT_REPLY_ERROR
+            common["messages"] = [*state.messages, _cut_reply(resp.text or "")]
+        repair = {"role": "user", "content": REPAIR_PROMPT.format(error=error)}
         common["messages"] = [*common["messages"], repair]
         return _bump(state, retries=state.retries + 1, repairing=True, text=resp.text, **common)
     error = AgentError(kind="invalid_output",
                        message=f"the final reply did not validate: {parsed.error}")
     return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
+
+
+def _cut_reply(text: str) -> Message:
+    """The assistant message kept for a reply cut off at the token limit (see above)."""
+    kept = text if len(text) <= CUT_REPLY_KEEP else text[:CUT_REPLY_KEEP] + " [...]"
+    return {"role": "assistant", "content": kept}
 
 
 def _refused_calls(policy: TurnPolicy, state: AgentState) -> list[tuple[ToolCall, ToolOutcome]]:

@@ -7,6 +7,8 @@ from agentbatch.model_io import ModelResponse, ToolCall, ToolOutcome, Usage
 from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
 from agentbatch.orchestrator.output import OutputContract
 from agentbatch.orchestrator.turns import (
+    CUT_REPLY_ERROR,
+    CUT_REPLY_KEEP,
     Abandoned,
     CallModel,
     Cancelled,
@@ -138,3 +140,19 @@ def test_step_is_pure():
     before = s.model_dump()
     step(policy(), s, reply(calls=[CALL]))
     assert s.model_dump() == before
+
+
+def test_a_reply_cut_off_at_the_token_limit_goes_back_shortened():
+    """A runaway reply is not fed back whole: its first words and why it failed suffice."""
+    runaway = '{"answer": "' + "description." * 40
+    cut = ModelReplied(ModelResponse(text=runaway, finish_reason="length",
+                                     usage=Usage(prompt_tokens=10, completion_tokens=96)))
+    s = step(policy(), fresh(), cut)
+    assert s.repairing and s.text == runaway  # the whole reply stays the agent's text
+    kept, repair = s.messages[-2:]
+    assert kept == {"role": "assistant", "content": runaway[:CUT_REPLY_KEEP] + " [...]"}
+    assert repair["role"] == "user" and CUT_REPLY_ERROR in repair["content"]
+    # a reply that ended on its own but did not validate is still fed back whole
+    s2 = step(policy(), fresh(), reply('{"answer": "x"}'))
+    assert s2.messages[-2] == {"role": "assistant", "content": '{"answer": "x"}'}
+    assert CUT_REPLY_ERROR not in s2.messages[-1]["content"]
