@@ -44,9 +44,18 @@ def commands(client: redis.Redis) -> int:
     return sum(v["calls"] for v in client.info("commandstats").values())
 
 
+def commands_by_name(stats: dict[str, Any], tasks: int) -> dict[str, float]:
+    """Redis commands per task by name, Lua-internal calls included (``INFO commandstats``):
+    where the per-task count goes."""
+    per_task = {name.removeprefix("cmdstat_").upper(): round(v["calls"] / tasks, 2)
+                for name, v in stats.items()}
+    return dict(sorted(per_task.items(), key=lambda kv: -kv[1]))
+
+
 def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
                 app: str | None = None) -> list[Any]:
-    env = {"TEST_TOOL_SLEEP_S": os.environ.get("TEST_TOOL_SLEEP_S", "0.2")}
+    env = {"TEST_TOOL_SLEEP_S": os.environ.get("TEST_TOOL_SLEEP_S", "0.2"),
+           "TEST_COUNTER_REDIS_URL": os.environ.get("TEST_COUNTER_REDIS_URL", "")}
     if app is None:
         procs: list[Any] = [WorkerProcess(url, queues=q, concurrency=concurrency, name=f"b{i}",
                                           env=env).start(wait=False)
@@ -93,6 +102,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
         redis_cpu = cpu_seconds(server.proc.pid) - redis_before
         client_cpu = time.process_time() - me_before
         cmds = commands(r)
+        stats = r.info("commandstats")
     finally:
         for p in fleet:
             p.stop(timeout=30)
@@ -108,6 +118,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
         "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
                                                / tasks * 1000, 3),
         "redis_commands_per_task_incl_lua": round(cmds / tasks, 2),
+        "redis_commands_per_task_by_name": commands_by_name(stats, tasks),
     }
 
 
@@ -148,6 +159,7 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
         redis_cpu = cpu_seconds(server.proc.pid) - redis_before
         client_cpu = time.process_time() - me_before
         cmds = commands(r)
+        stats = r.info("commandstats")
     finally:
         for p in fleet:
             p.terminate()
@@ -160,7 +172,8 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
                       "submitter": round(client_cpu, 2)},
             "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
                                                    / tasks * 1000, 3),
-            "redis_commands_per_task_incl_lua": round(cmds / tasks, 2)}
+            "redis_commands_per_task_incl_lua": round(cmds / tasks, 2),
+            "redis_commands_per_task_by_name": commands_by_name(stats, tasks)}
 
 
 def client_commands_per_task(server: RedisServer, backend: str, concurrency: int) -> dict:
@@ -222,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     args.json = args.json or f"benchmarks/results/distributed_{args.agents}.json"
     os.environ["TEST_TOOL_SLEEP_S"] = str(args.tool_s)
     server = RedisServer().start()
+    # The test tools count their executions in Redis: in another server, so that the
+    # commands counted per task are agentbatch's own (the floor's no-op tasks run no tools).
+    counters = RedisServer().start()
+    os.environ["TEST_COUNTER_REDIS_URL"] = counters.url
     sim = SimProcess(SimConfig(fixed_ms=args.fixed_ms)).start()
     backend = "sim://" + sim.url.split("://", 1)[1]
     try:
@@ -236,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sim.stop()
         server.cleanup()
+        counters.cleanup()
     critical = (ROUNDS + 1) * args.fixed_ms / 1000 + ROUNDS * args.tool_s
     report = {
         "benchmark": "distributed",

@@ -94,18 +94,18 @@ def _run(url: str, backend: str, agents: int, timeout: float,
 
 
 class CommitWatch(threading.Thread):
-    """Polls the replica's copy of the batch's ``ver`` hash; ``first_s`` = seconds from the
-    kill to the first change (a commit on the promoted replica)."""
+    """Polls the versions in the replica's copy of the batch's ``state`` hash; ``first_s`` =
+    seconds from the kill to the first change (a commit on the promoted replica)."""
 
     def __init__(self, port: int, batch_id: str, killed: float, timeout: float) -> None:
         super().__init__(daemon=True)
         self.client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
-        self.key = BatchKeys(batch_id).ver
+        self.key = BatchKeys(batch_id).state
         self.killed, self.timeout = killed, timeout
         self.first_s: float | None = None
 
     def _sum(self) -> int:
-        return sum(int(v) for v in self.client.hvals(self.key))
+        return sum(int(v.partition(":")[0]) for v in self.client.hvals(self.key))
 
     def run(self) -> None:
         time.sleep(0.2)  # the replica applies what it had buffered before the kill

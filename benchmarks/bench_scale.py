@@ -36,7 +36,12 @@ from agentbatch.orchestrator.distributed_submit import (
     write_batch,
 )
 from agentbatch.state.keys import ACTIVE_BATCHES, BatchKeys
-from agentbatch.state.redis_store import initial_meta, now_ms, sync_clock_blocking
+from agentbatch.state.redis_store import (
+    initial_meta,
+    now_ms,
+    state_entry,
+    sync_clock_blocking,
+)
 from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, client_app
 from agentbatch.workers.dispatch import publish, turn_message
 from agentbatch.workers.envelope import queue_key
@@ -71,8 +76,8 @@ def single_exec_submit(client: redis.Redis, url: str, compiled: CompiledBatch) -
         states = compiled.states
         for start in range(0, len(states), 500):
             chunk = states[start:start + 500]
-            p.hset(k.ver, mapping={s.index: s.version for s in chunk})
-            p.hset(k.state, mapping={s.index: s.model_dump_json() for s in chunk})
+            p.hset(k.state, mapping={s.index: state_entry(s.version, s.model_dump_json())
+                                     for s in chunk})
             p.zadd(k.watch, {k.member(s.index): deadline for s in chunk})
         p.sadd(ACTIVE_BATCHES, plan.batch_id)
         p.execute()
@@ -89,7 +94,7 @@ def chunked_submit(client: redis.Redis, url: str, compiled: CompiledBatch) -> No
 def key_bytes(client: redis.Redis, compiled: CompiledBatch) -> dict[str, int]:
     k = BatchKeys(compiled.plan.batch_id)
     queues = [queue_key(INFERENCE_QUEUE, p) for p in PRIORITY_STEPS]
-    out = {"state": k.state, "ver": k.ver, "watch": k.watch, "plan": k.plan}
+    out = {"state": k.state, "watch": k.watch, "plan": k.plan}
     sizes = {name: int(client.memory_usage(key, samples=0) or 0) for name, key in out.items()}
     sizes["queue"] = sum(int(client.memory_usage(q, samples=0) or 0) for q in queues)
     return sizes

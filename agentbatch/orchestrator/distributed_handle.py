@@ -21,6 +21,7 @@ from ..results import AgentResult
 from ..state.connection import async_client, mask_url, sync_client
 from ..state.keys import BatchKeys
 from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
+from .agent_state import AgentStatus
 from .handle import BatchHandle
 from .output import OutputContract
 from .validate import check_cursor
@@ -173,6 +174,11 @@ class DistributedHandle(BatchHandle):
             raise self._lost("its state is no longer in Redis")
         counts = {k[2:]: int(v) for k, v in meta.items() if k.startswith("n:") and int(v)}
         counts.update({k: int(meta.get(k, 0)) for k in ("total", "delivered")})
+        # commits count only what moves (commit.lua): the rest of the live agents need the model
+        running = counts["total"] - counts["delivered"]
+        needs_model = running - counts.get(AgentStatus.AWAITING_TOOLS.value, 0)
+        if needs_model:
+            counts[AgentStatus.NEEDS_MODEL.value] = needs_model
         counts["finished"] = int(meta.get("finished", 0))
         counts["recovering"] = self._recovering()
         counts.update({k: int(v) for k, v in meta.items() if k.startswith("stat:")})
@@ -190,9 +196,9 @@ class DistributedHandle(BatchHandle):
         if not resends:
             return 0
         indices = list(resends)
-        versions = self._client.hmget(self.keys.ver, indices)
-        return sum(1 for i, v in zip(indices, versions, strict=True)
-                   if v is not None and resends[i].split(":", 1)[0] == v)
+        entries = self._client.hmget(self.keys.state, indices)
+        return sum(1 for i, e in zip(indices, entries, strict=True)
+                   if e is not None and resends[i].split(":", 1)[0] == e.partition(":")[0])
 
     def cancel(self) -> None:
         """Workers stop each agent at its next step; each ends with error kind ``cancelled``.

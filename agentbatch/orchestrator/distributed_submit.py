@@ -5,7 +5,7 @@ long (one MULTI/EXEC of every agent blocked every other client, every worker's c
 included, for tens of ms at 20k agents: ``benchmarks/bench_scale.py``), and so that a submit
 cut short never leaves a half batch that workers run or the sweep watches:
 
-1. **Stage** the agents (``ver``, ``state`` and ``watch`` entries) in chunks of at most
+1. **Stage** the agents (``state`` and ``watch`` entries) in chunks of at most
    ``CHUNK_ENTRIES`` agents / ``CHUNK_BYTES`` bytes per command, pipelined without MULTI.
    Staged keys are invisible: no ``plan``, not in ``ab:batches``, no task queued, so no
    worker or sweep touches them. Each chunk renews a ``STAGING_TTL_MS`` expiry on them, so a
@@ -46,9 +46,11 @@ from ..state.connection import mask_url, refuse_cluster, sync_client
 from ..state.keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
 from ..state.redis_store import (
     DEFAULT_RETENTION_S,
+    deadline_score,
     initial_meta,
     now_ms,
     retention_ms,
+    state_entry,
     sync_clock_blocking,
 )
 from ..state.retention import missing_error
@@ -139,22 +141,23 @@ def staged_keys(k: BatchKeys) -> list[str]:
     The agents' progress deadlines go to the fleet-wide ``watch`` zset during staging too (so
     no committed agent is ever without one), but that zset is not the batch's: it is never
     expired or unlinked with it. The sweep leaves a due entry alone while its batch is still
-    staging (``ver`` without ``plan``) and drops the entries of a batch that has neither; a
+    staging (``state`` without ``plan``) and drops the entries of a batch that has neither; a
     failed submit removes its own entries (``_unstage``)."""
-    return [k.ver, k.state]
+    return [k.state]
 
 
 def _stage(client: redis.Redis, k: BatchKeys, states: Sequence[Any], deadline: int) -> int:
-    """Step 1: write every agent's version, state and progress deadline in chunks; returns
+    """Step 1: write every agent's versioned state and progress deadline in chunks; returns
     how many agents were staged."""
-    rows = ((s.index, s.version, s.model_dump_json()) for s in states)  # one chunk at a time
+    rows = ((s.index, state_entry(s.version, s.model_dump_json()))  # one chunk at a time
+            for s in states)
     keys = staged_keys(k)
     done = 0
-    for chunk in chunks(rows, lambda row: len(row[2]) + 16):
+    score = deadline_score(deadline, started=False)
+    for chunk in chunks(rows, lambda row: len(row[1]) + 16):
         with client.pipeline(transaction=False) as p:
-            p.hset(k.ver, mapping={i: v for i, v, _ in chunk})
-            p.hset(k.state, mapping={i: js for i, _, js in chunk})
-            p.zadd(k.watch, {k.member(i): deadline for i, _, _ in chunk})
+            p.hset(k.state, mapping=dict(chunk))
+            p.zadd(k.watch, {k.member(i): score for i, _ in chunk})
             for key in keys:
                 p.pexpire(key, STAGING_TTL_MS)
             p.execute()
@@ -167,11 +170,11 @@ def _commit(client: redis.Redis, k: BatchKeys, plan: BatchPlan, retention_s: flo
     keys = staged_keys(k)
     with client.pipeline(transaction=True) as p:
         p.watch(*keys)
-        have = (p.hlen(k.ver), p.hlen(k.state))
-        if have != (plan.total,) * 2:
+        have = p.hlen(k.state)
+        if have != plan.total:
             raise SubmitFailed(
                 f"batch {plan.batch_id}: the staged agents are incomplete at commit "
-                f"(ver/state hold {have}, expected {plan.total} each; did they expire "
+                f"(the state hash holds {have}, expected {plan.total}; did they expire "
                 f"after {STAGING_TTL_MS // 1000} s or get deleted?)")
         p.multi()
         p.set(k.plan, plan.model_dump_json())

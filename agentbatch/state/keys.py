@@ -26,13 +26,18 @@ class BatchKeys:
         self.batch_id = batch_id
         self.plan = f"{base}:plan"  # string: the BatchPlan JSON
         self.meta = f"{base}:meta"  # hash: total, delivered, cancelled, n:<status> counters
-        self.state = f"{base}:state"  # hash: index -> AgentState JSON, messages apart
-        self.ver = f"{base}:ver"  # hash: index -> version (the fencing token)
-        self.watch = WATCH  # the fleet-wide deadline zset; this batch's members: member()
+        # hash: index -> "<version>:<AgentState JSON>", messages apart (state_entry): the
+        # version is the compare-and-set token, read and written with the state in one call
+        self.state = f"{base}:state"
+        # the fleet-wide deadline zset; this batch's members: member(); an odd score marks
+        # the agent's current version started (claimed or a tool call running)
+        self.watch = WATCH
         self.results = f"{base}:results"  # stream: one entry per finished agent
         self.audit = f"{base}:audit"  # stream: (index, version) per commit, when auditing
         self.resends = f"{base}:resends"  # hash: index -> "version:n" re-sends without progress
-        self.run = f"{base}:run"  # hash: index -> the version last started (claim / tool)
+        # hash: index -> the fencing token last handed to a call of that agent's own (unshared)
+        # tool calls; one counter per agent, so successive leaders of any call get more
+        self.fence = f"{base}:fence"
         # string: why the batch's keys went (expired after retention, or deleted); outlives
         # them by TOMBSTONE_S so a late reader gets ``BatchExpired``, not ``BatchLost``
         self.gone = f"{base}:gone"
@@ -41,8 +46,8 @@ class BatchKeys:
     def retained(self) -> list[str]:
         """Every fixed key the finishing commit gives the retention TTL (leases carry their own
         TTL; tool fan-in hashes are deleted by the commit that consumes them)."""
-        return [self.plan, self.meta, self.state, self.ver, self.results, self.audit,
-                self.resends, self.run]
+        return [self.plan, self.meta, self.state, self.results, self.audit, self.resends,
+                self.fence]
 
     def member(self, index: int) -> str:
         """This agent's member of the fleet-wide ``WATCH`` zset."""
@@ -63,6 +68,10 @@ class BatchKeys:
 
     def tool_results(self, index: int, version: int) -> str:
         return f"{self._base}:tr:{index}:{version}"
+
+    def call_lock(self, index: int, version: int, call_id: str) -> str:
+        """String: the lock of one unshared tool call (its holder's token; tool_start.lua)."""
+        return f"{self._base}:lock:{index}:{version}:{call_id}"
 
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model_io import ToolOutcome
-from ..orchestrator.agent_state import AgentState, AgentStatus
+from ..orchestrator.agent_state import AgentState
 from ..orchestrator.plan import BatchPlan
 from .keys import ACTIVE_BATCHES, TOMBSTONE_S, WATCH, BatchKeys, watch_member
 from .scripts import Scripts
@@ -77,6 +77,17 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ToolStart:
+    """The answer to "may I run this call of the agent's tool round at this version?"."""
+
+    state: AgentState | None  # None: the agent moved on
+    recorded: bool = False  # the call's outcome is already in the round's fan-in hash
+    cancelled: bool = False
+    fencing_token: int = 0  # > 0: we took the call's lock (an unshared tool) with this token
+    busy_ms: int = 0  # > 0: another delivery holds the call's lock for this much longer
+
+
+@dataclass(frozen=True)
 class SlotAsk:
     """Take a fleet inference slot in the claim: the semaphore's zset, AIMD hash and limit."""
 
@@ -87,8 +98,33 @@ class SlotAsk:
 
 
 def stored_state(state: AgentState) -> str:
-    """The state hash's entry: every field but the conversation, which lives in its list."""
+    """The state JSON kept in Redis: every field but the conversation, which lives in its
+    list."""
     return state.model_dump_json(exclude={"messages"})
+
+
+def state_entry(version: int, state_json: str) -> str:
+    """The state hash's entry: "<version>:<state JSON>" (``lua/_prelude.lua`` reads it)."""
+    return f"{version}:{state_json}"
+
+
+def entry_state(entry: str) -> AgentState:
+    """The ``AgentState`` in a state hash entry."""
+    return AgentState.model_validate_json(entry.partition(":")[2])
+
+
+def entry_version(entry: str) -> int:
+    return int(entry.partition(":")[0])
+
+
+def started(score: float | None) -> bool:
+    """Whether a watch zset score marks the agent's current version started (odd)."""
+    return score is not None and int(score) % 2 == 1
+
+
+def deadline_score(deadline_ms: int, *, started: bool) -> int:
+    """A watch zset score for ``deadline_ms`` carrying the started mark (odd when started)."""
+    return deadline_ms - deadline_ms % 2 + (1 if started else 0)
 
 
 def message_entries(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -96,11 +132,11 @@ def message_entries(messages: Sequence[dict[str, Any]]) -> list[str]:
     return [json.dumps(m, separators=(",", ":")) for m in messages]
 
 
-def with_messages(raw_state: str, listed: Sequence[str]) -> AgentState:
+def with_messages(entry: str, listed: Sequence[str]) -> AgentState:
     """The agent's state: its entry's fields, and its conversation, which is the entry's own
     ``messages`` (only a state as submitted has any: the submit writes no lists) followed by
     the ``listed`` entries of its msgs list."""
-    state = AgentState.model_validate_json(raw_state)
+    state = entry_state(entry)
     if listed:
         state.messages = [*state.messages, *(json.loads(m) for m in listed)]
     return state
@@ -138,7 +174,7 @@ class BatchStore:
         k = self.k
         await sync_clock(self.r)
         reply = await self.s.claim(
-            keys=[k.ver, k.state, k.lease(index), k.watch, k.meta, k.run, k.messages(index),
+            keys=[k.state, k.lease(index), k.watch, k.meta, k.messages(index),
                   slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta],
             args=[index, version, token, ttl_ms, now_ms(), slot.limit if slot else "",
                   slot.ttl_ms if slot else 0, k.member(index)])
@@ -163,7 +199,8 @@ class BatchStore:
                      result_json: str = "", deadline_ms: int = 0, audit: bool = False,
                      enqueue: Sequence[tuple[str, str]] = (),
                      retention_s: float = DEFAULT_RETENTION_S,
-                     slot_key: str = "", listed: int | None = None) -> bool:
+                     slot_key: str = "", listed: int | None = None, total: int = 0,
+                     consumed: Sequence[str] = ()) -> bool:
         """Write ``new`` only if the stored version is still ``old.version``; on success push
         the ``enqueue`` task messages (list key, payload) in the same atomic step.
 
@@ -174,21 +211,24 @@ class BatchStore:
         agent is stored without its conversation (its result, written in the same step, is
         what readers get); the commit that finishes the batch sets its retention TTL
         (``retention_s`` only for a batch submitted without one). With a ``token``, the
-        lease and the inference slot it holds in ``slot_key`` are released, won or lost."""
+        lease and the inference slot it holds in ``slot_key`` are released, won or lost.
+        ``total`` is the batch's agent count (a terminal commit finishes the batch when all
+        are delivered); ``consumed`` are keys the transition uses up (the round's fan-in
+        hash, its calls' locks), deleted when it wins."""
         k = self.k
         terminal = new.status.terminal
         stored = terminal_state(new) if terminal else new
         mode, tail = ("", []) if terminal else new_messages(old, new, listed)
         ok = await self.s.commit(
-            keys=[k.ver, k.state, k.lease(old.index), k.watch, k.meta, k.results,
-                  ACTIVE_BATCHES, k.audit, k.resends, k.plan, k.run,
-                  k.tool_results(old.index, old.version), k.gone, k.messages(old.index),
-                  slot_key or k.lease(old.index),
+            keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
+                  k.audit, k.resends, k.plan, k.gone, k.messages(old.index),
+                  slot_key or k.lease(old.index), k.fence, *consumed,
                   *(key for key, _ in enqueue)],
             args=[old.index, old.version, new.version, stored_state(stored), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
                   deadline_ms, self.batch_id, "1" if audit else "0",
-                  retention_ms(retention_s), TOMBSTONE_S * 1000, mode, len(tail),
+                  retention_ms(retention_s), TOMBSTONE_S * 1000, total, len(consumed),
+                  mode, len(tail),
                   *message_entries(tail),
                   *(payload for _, payload in enqueue)],
         )
@@ -203,26 +243,32 @@ class BatchStore:
         """Whether the batch was cancelled (asked by turns waiting for capacity)."""
         return await self.r.hget(self.k.meta, "cancelled") == "1"
 
-    async def start_tool(self, index: int, version: int, call_id: str,
-                         ttl_ms: int) -> tuple[AgentState | None, bool, bool]:
-        """(state if still at ``version``, outcome already recorded, batch cancelled); a call
-        that is to run is marked started with its deadline ``ttl_ms`` ahead (``tool_start``:
-        one round trip)."""
+    async def start_tool(self, index: int, version: int, call_id: str, ttl_ms: int, *,
+                         fan_in: bool = True, lock_token: str = "",
+                         lock_ttl_ms: int = 0) -> ToolStart:
+        """Check and start one call of a tool round (``tool_start``: one round trip). A call
+        that is to run is marked started with its deadline ``ttl_ms`` ahead; with a
+        ``lock_token`` (an unshared tool) it also takes the call's lock for ``lock_ttl_ms``
+        and a fencing token. ``fan_in=False`` (a round of one call) skips looking for a
+        recorded outcome: such a round records none."""
         k = self.k
         await sync_clock(self.r)
-        raw, have, cancelled = await self.s.tool_start(
-            keys=[k.ver, k.state, k.tool_results(index, version), k.meta, k.watch, k.run],
-            args=[index, version, call_id, now_ms() + ttl_ms, k.member(index)])
-        state = AgentState.model_validate_json(raw) if raw else None
-        return state, bool(int(have)), cancelled == "1"
+        entry, have, cancelled, fence, busy = await self.s.tool_start(
+            keys=[k.state, k.tool_results(index, version), k.meta, k.watch,
+                  k.call_lock(index, version, call_id), k.fence],
+            args=[index, version, call_id, now_ms() + ttl_ms, k.member(index),
+                  "1" if fan_in else "0", lock_token, lock_ttl_ms])
+        return ToolStart(state=entry_state(entry) if entry else None, recorded=bool(int(have)),
+                         cancelled=cancelled == "1", fencing_token=int(fence),
+                         busy_ms=int(busy))
 
     async def record_tool(self, index: int, version: int, outcome: ToolOutcome,
-                          expected: int) -> dict[str, ToolOutcome] | int:
+                          expected: int, lock: str = "") -> dict[str, ToolOutcome] | int:
         """Every outcome of the round once all ``expected`` are recorded; else how many are
-        (-1 if the agent moved on)."""
+        (-1 if the agent moved on). ``lock``: the call's lock, dropped with the record."""
         k = self.k
         reply = await self.s.record_tool(
-            keys=[k.ver, k.tool_results(index, version)],
+            keys=[k.state, k.tool_results(index, version), *([lock] if lock else [])],
             args=[index, version, outcome.call_id, outcome.model_dump_json(), TOOL_RESULTS_TTL_S,
                   expected],
         )
@@ -241,11 +287,10 @@ class BatchStore:
         async with self.r.pipeline(transaction=False) as p:
             p.hget(k.state, index)
             p.exists(k.lease(index))
-            p.hget(k.run, index)
-            raw, leased, run = await p.execute()
-        state = AgentState.model_validate_json(raw) if raw else None
-        started = state is not None and run is not None and int(run) == state.version
-        return state, bool(leased), started
+            p.zscore(k.watch, k.member(index))
+            entry, leased, score = await p.execute()
+        state = entry_state(entry) if entry else None
+        return state, bool(leased), state is not None and started(score)
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
                      recheck_ms: int, max_resends: int, audit: bool = False) -> int:
@@ -254,22 +299,27 @@ class BatchStore:
         nothing sent) or the number of re-sends at this version."""
         k = self.k
         return int(await self.s.resend(
-            keys=[k.ver, k.lease(state.index), k.watch, k.resends, k.run, k.meta, k.audit,
+            keys=[k.state, k.lease(state.index), k.watch, k.resends, k.meta, k.audit,
                   *(key for key, _ in enqueue)],
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
                   "1" if audit else "0", k.member(state.index),
                   *(payload for _, payload in enqueue)],
         ))
 
-    async def tool_running(self, index: int, version: int, ttl_ms: int) -> bool:
-        """A tool call of this round runs: mark the version started, deadline now + ttl."""
+    async def tool_running(self, index: int, version: int, ttl_ms: int, lock: str = "",
+                           lock_token: str = "", lock_ttl_ms: int = 0) -> int:
+        """A tool call of this round runs: keep the version started, deadline now + ttl, and
+        the call's ``lock`` (if it holds one) for ``lock_ttl_ms`` more. Returns 0 when the
+        agent moved on, -1 when the lock was lost, else 1."""
         await sync_clock(self.r)
-        return bool(await self.s.tool_touch(keys=[self.k.ver, self.k.watch, self.k.run],
-                                            args=[index, version, now_ms() + ttl_ms,
-                                                  self.k.member(index)]))
+        return int(await self.s.tool_touch(
+            keys=[self.k.state, self.k.watch, *([lock] if lock else [])],
+            args=[index, version, now_ms() + ttl_ms, self.k.member(index),
+                  *([lock_token, lock_ttl_ms] if lock else [])]))
 
-    async def push_deadline(self, index: int, deadline_ms: int) -> None:
-        await self.r.zadd(self.k.watch, {self.k.member(index): deadline_ms}, xx=True)
+    async def push_deadline(self, index: int, deadline_ms: int, *, started: bool) -> None:
+        score = deadline_score(deadline_ms, started=started)
+        await self.r.zadd(self.k.watch, {self.k.member(index): score}, xx=True)
 
     async def unwatch(self, index: int) -> None:
         await self.r.zrem(self.k.watch, self.k.member(index))
@@ -301,7 +351,6 @@ def initial_meta(plan: BatchPlan, retention_s: float = DEFAULT_RETENTION_S) -> d
         "delivered": 0,
         "cancelled": 0,
         "finished": 1 if plan.total == 0 else 0,
-        f"n:{AgentStatus.NEEDS_MODEL.value}": plan.total,
         "created_at": plan.created_at,
         "retention_ms": retention_ms(retention_s),
     }

@@ -68,12 +68,12 @@ def batch_keys(client: redis.Redis, batch_id: str) -> list[str]:
 def delete_batch(client: redis.Redis, batch_id: str, *, force: bool = False) -> int:
     """Remove every key of the batch now and leave a ``deleted`` tombstone; returns how many
     keys went. A batch still running needs ``force``, which cancels it first: workers stop
-    at their next step, and every script they run checks the version hash, deleted first,
-    so nothing writes the batch back. Works while Redis is out of memory (UNLINK is allowed
-    then), which is when deleting matters most."""
+    at their next step, and every script they run checks the version in the state hash,
+    deleted first, so nothing writes the batch back. Works while Redis is out of memory
+    (UNLINK is allowed then), which is when deleting matters most."""
     k = BatchKeys(batch_id)
     meta = client.hgetall(k.meta)
-    if not meta and not client.exists(k.plan, k.ver):
+    if not meta and not client.exists(k.plan, k.state):
         gone = missing_error(client, batch_id)
         if gone is not None:
             raise gone
@@ -84,11 +84,11 @@ def delete_batch(client: redis.Redis, batch_id: str, *, force: bool = False) -> 
                 f"batch {batch_id} is still running ({meta.get('delivered', '?')}/"
                 f"{meta.get('total', '?')} delivered); cancel it first or force the delete "
                 "(which cancels it)")
-        # under OOM this write is refused: deleting the version hash stops the workers anyway
+        # under OOM this write is refused: deleting the state hash stops the workers anyway
         with contextlib.suppress(redis.exceptions.OutOfMemoryError):
             client.hset(k.meta, "cancelled", 1)
     client.srem(ACTIVE_BATCHES, batch_id)
-    removed = int(client.unlink(k.ver, k.plan, k.meta))
+    removed = int(client.unlink(k.state, k.plan, k.meta))
     total = int(meta.get("total", 0) or 0)  # its live agents' deadlines, in the fleet's zset
     for start in range(0, total, _UNLINK_CHUNK):
         client.zrem(WATCH, *(k.member(i) for i in range(start, min(start + _UNLINK_CHUNK, total))))

@@ -1,4 +1,8 @@
-"""Lua scripts beside the Redis code, registered once per client."""
+"""Lua scripts beside the Redis code, registered once per client.
+
+Each script is its file with ``lua/_prelude.lua`` in front: the helpers that read and write
+the encodings every script shares (the state entry's version, the deadline's started mark).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
 
 @cache
 def source(name: str) -> str:
-    return (_LUA_DIR / f"{name}.lua").read_text()
+    return (_LUA_DIR / "_prelude.lua").read_text() + (_LUA_DIR / f"{name}.lua").read_text()
 
 
 class Scripts:

@@ -12,9 +12,11 @@ tool's timeout, and caches successes. Errors are never cached.
 Who may share an execution (``call_key``): calls from different agents only for tools declared
 safe to share (``cacheable`` or ``coalesce``), and then only within one batch unless the tool
 says ``share="fleet"``. Every other call is keyed by its own idempotency key, so only duplicate
-deliveries of that same call merge. Keys name the tool by its identity (import path +
-version), never by its model-facing name. A shared execution runs with the *leader's*
-``ToolContext`` (the caller that started it), carrying the lease's fencing token.
+deliveries of that same call merge; a caller that already holds such a call's lease (the
+distributed engine takes it when it starts the call) runs it directly. Keys name the tool by
+its identity (import path + version), never by its model-facing name. A shared execution
+runs with the *leader's* ``ToolContext`` (the caller that started it), carrying the lease's
+fencing token.
 """
 
 from __future__ import annotations
@@ -222,6 +224,8 @@ class ToolPool:
                 await self._cache_set(cache, key, text)
             return text
 
+        if not tool.shares_calls and ctx.lease is not None:
+            return await execute(ctx.lease), False, False
         text, shared = await self._coalescer.run(key, execute, lock_ttl=tool.lock_ttl)
         return text, state.get("cached", False) and not shared, shared
 

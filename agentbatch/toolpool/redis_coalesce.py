@@ -84,18 +84,19 @@ class DoneHub:
 
 
 class RedisLease:
-    """Leadership of one call: our lock token and the fencing token taken with it."""
+    """Leadership of one call: the lock, our token in it and the fencing token taken with it
+    (here for a shared call; by ``tool_start.lua`` for an unshared one)."""
 
-    def __init__(self, client: Any, key_hash: str, token: str, fencing_token: int) -> None:
+    def __init__(self, client: Any, lock: str, token: str, fencing_token: int) -> None:
         self._r = client
-        self._lock = tool_lock(key_hash)
+        self.lock = lock
         self.token = token
         self.fencing_token = fencing_token
         self.lost = False  # set when a renewal found the lock gone or taken
 
     async def still_held(self) -> bool:
         """Whether the lock still carries our token (asks Redis: a pause is invisible here)."""
-        held = await self._r.get(self._lock) == self.token
+        held = await self._r.get(self.lock) == self.token
         self.lost |= not held
         return held
 
@@ -120,7 +121,7 @@ class RedisCoalescer:
             lead, leader, pttl, fence = await self._s.tool_lead(
                 keys=[tool_lock(h), tool_fence(h)], args=[token, ttl_ms])
             if int(lead) == 1:
-                lease = RedisLease(self._r, h, token, int(fence))
+                lease = RedisLease(self._r, tool_lock(h), token, int(fence))
                 return await self._lead(h, lease, ttl_ms, thunk), False
             if not leader:
                 continue  # the lock vanished between SET and GET: try again

@@ -45,6 +45,14 @@ def turn_again(batch_id: str, index: int, version: int, after_ms: int) -> Follow
                     PRIORITY_STEPS[0], countdown=after_ms / 1000 + 0.05)
 
 
+def tool_again(batch_id: str, index: int, version: int, call_id: str, tool: str, calls: int,
+               after_ms: int) -> Followup:
+    """The same tool call once more, due when the lock another delivery holds would have run
+    out (``tool_start.lua``)."""
+    return Followup(TOOL_TASK, (batch_id, index, version, call_id, tool, calls), TOOLS_QUEUE,
+                    PRIORITY_STEPS[0], countdown=after_ms / 1000 + 0.05)
+
+
 def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
                   skip_calls: Iterable[str] = ()) -> list[Followup]:
     """The tasks that move ``state`` forward (none when it has ended)."""
@@ -54,8 +62,9 @@ def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
     if isinstance(action, RunTools):
         skip = set(skip_calls)
         priority = priority_for(policy.max_turns - state.steps)
+        calls = len(action.calls)  # the round's size: a round of one has no fan-in to read
         return [
-            Followup(TOOL_TASK, (batch_id, state.index, state.version, call.id, call.name),
+            Followup(TOOL_TASK, (batch_id, state.index, state.version, call.id, call.name, calls),
                      TOOLS_QUEUE, priority)
             for call in action.calls if call.id not in skip
         ]

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from ..errors import BatchCancelled, ServerBusy
 from ..model_io import ToolOutcome
@@ -33,9 +33,11 @@ from ..orchestrator.turns import (
     step,
 )
 from ..state.redis_store import BatchStore, Claim, now_ms
+from ..toolpool.redis_coalesce import RedisLease
+from ..toolpool.tool import Tool
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
-from .dispatch import Followup, envelopes, followups_for, turn_again
+from .dispatch import Followup, envelopes, followups_for, tool_again, turn_again
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +63,11 @@ def advance(loaded: LoadedBatch, state: AgentState, event: Event) -> AgentState:
 
 
 async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
-                 token: str = "", slot_key: str = "",
-                 listed: int | None = None) -> list[Followup]:
+                 token: str = "", slot_key: str = "", listed: int | None = None,
+                 consumed: Sequence[str] = ()) -> list[Followup]:
     """Compare-and-set ``old`` → ``new``, enqueueing its follow-ups in the same script (and
-    releasing the turn's lease and inference slot, won or lost).
+    releasing the turn's lease and inference slot, won or lost). ``consumed``: keys the
+    transition uses up besides the round's fan-in hash (a call's lock), deleted if it wins.
 
     Returns the follow-ups still to send: none, since the commit already pushed them."""
     result_json = ""
@@ -72,12 +75,15 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
         latency = max(time.time() - loaded.plan.created_at, 0.0)
         result_json = result_from_state(new, latency).model_dump_json()
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
+    if old.status is AgentStatus.AWAITING_TOOLS and len(old.pending_calls) > 1:
+        consumed = [loaded.store.k.tool_results(old.index, old.version), *consumed]
     won = await loaded.store.commit(old, new, token=token, result_json=result_json,
                                     deadline_ms=deadline_for(ctx),
                                     audit=ctx.settings.audit,
                                     enqueue=envelopes(celery_app, followups),
                                     retention_s=ctx.settings.retention_s,
-                                    slot_key=slot_key, listed=listed)
+                                    slot_key=slot_key, listed=listed,
+                                    total=loaded.plan.total, consumed=consumed)
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     return []
@@ -100,18 +106,29 @@ async def lease_renewal(ctx: WorkerContext, store: BatchStore, index: int,
 
 
 @contextlib.asynccontextmanager
-async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int,
-                     version: int) -> AsyncIterator[None]:
+async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int, version: int,
+                     lease: RedisLease | None, lock_ttl_ms: int) -> AsyncIterator[None]:
     """While a tool call runs, keep its agent's deadline one lease ahead (``start_tool`` set
-    the first): a tool worker that dies is then noticed at lease expiry, not after the queue
-    grace."""
-    ttl_ms = ctx.settings.lease_ttl_ms
+    the first), and the call's lock with it when it holds one (``lease``): a tool worker that
+    dies is then noticed at lease expiry, not after the queue grace, and the deadline never
+    passes while the lock still lives (so the call it re-sends finds the lock gone)."""
+    ttl_ms = max(ctx.settings.lease_ttl_ms, lock_ttl_ms if lease else 0)
+    every_s = min(ctx.settings.lease_ttl_ms, lock_ttl_ms if lease else ttl_ms) / 3000
+    lock, token = (lease.lock, lease.token) if lease else ("", "")
 
     async def renew() -> None:
         while True:
-            await asyncio.sleep(ctx.settings.lease_ttl_s / 3)
-            with contextlib.suppress(Exception):
-                await store.tool_running(index, version, ttl_ms)
+            await asyncio.sleep(every_s)
+            try:
+                held = await store.tool_running(index, version, ttl_ms, lock, token,
+                                                lock_ttl_ms)
+            except Exception:  # a Redis blip: the next renewal may still be in time
+                continue
+            if held == -1 and lease is not None and not lease.lost:
+                lease.lost = True
+                log.warning("tool call %s of agent %s: lock lost while running (fencing token "
+                            "%d); another worker may run it too", lock, index,
+                            lease.fencing_token)
 
     task = asyncio.create_task(renew())
     try:
@@ -202,17 +219,43 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     return event
 
 
+def call_lock_ttl_ms(ctx: WorkerContext, tool: Tool | None) -> int:
+    """How long an unshared call's lock outlives a worker that stopped renewing it: the tool's
+    ``lock_ttl``, else the pool default (0: the tool shares calls and coalesces on its own)."""
+    if tool is None or tool.shares_calls:
+        return 0
+    if tool.lock_ttl is None:
+        return ctx.coalescer.lock_ttl_ms
+    return max(int(tool.lock_ttl * 1000), 1)
+
+
 async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
-                   call_id: str) -> list[Followup]:
+                   call_id: str, tool_name: str = "", calls: int = 0) -> list[Followup]:
+    """Start the call (and take its lock, for an unshared tool: one round trip), run it, then
+    commit the round (a round of one call) or record its outcome (the task recording the last
+    one commits)."""
     loaded = await ctx.batch(batch_id)
     if loaded is None:
         return []
     store = loaded.store
-    state, recorded, cancelled = await store.start_tool(index, version, call_id,
-                                                         ctx.settings.lease_ttl_ms)
+    rt = loaded.runtime
+    lock_ttl_ms = call_lock_ttl_ms(ctx, rt.tools.get(tool_name) if rt is not None else None)
+    lock_token = uuid.uuid4().hex if lock_ttl_ms else ""
+    start = await store.start_tool(index, version, call_id,
+                                   max(ctx.settings.lease_ttl_ms, lock_ttl_ms),
+                                   fan_in=calls != 1, lock_token=lock_token,
+                                   lock_ttl_ms=lock_ttl_ms)
+    state, recorded, cancelled = start.state, start.recorded, start.cancelled
     if state is None or state.status is not AgentStatus.AWAITING_TOOLS:
         await ctx.note(batch_id, "dropped_stale")
         return []
+    if start.busy_ms:
+        # Another delivery of this very call holds its lock. Try again when the lock would
+        # run out: if that holder finishes, this copy finds the outcome (or the agent moved
+        # on) and is dropped; if it died, this copy runs the call.
+        await ctx.note(batch_id, "requeued_busy")
+        return [tool_again(batch_id, index, version, call_id, tool_name, calls,
+                           start.busy_ms)]
     if cancelled or loaded.runtime is None:
         event: Event = Cancelled() if cancelled else Abandoned(
             loaded.error_kind, loaded.error or "the batch cannot run here")
@@ -225,16 +268,20 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
             await ctx.note(batch_id, "dropped_stale")
             return []
         rt = loaded.runtime
-        async with tool_lease(ctx, store, index, version):
-            outcome = await rt.tools.run(call, tool_context(rt, state, call_id),
+        lock = store.k.call_lock(index, version, call_id) if start.fencing_token else ""
+        lease = RedisLease(store.r, lock, lock_token, start.fencing_token) if lock else None
+        context = tool_context(rt, state, call_id)
+        async with tool_lease(ctx, store, index, version, lease, lock_ttl_ms):
+            outcome = await rt.tools.run(call, context.under(lease) if lease else context,
                                          timeout=loaded.plan.timeout_per_tool)
         ctx.stats["tool_calls"] += 1
         if len(state.pending_calls) == 1:
             # A round of one call needs no fan-in: the commit's compare-and-set alone makes
             # its outcome count once (a duplicate delivery finds the agent moved on).
-            return await finish_tools(ctx, loaded, state, {call_id: outcome})
+            return await finish_tools(ctx, loaded, state, {call_id: outcome},
+                                      consumed=[lock] if lock else [])
         recorded_now = await store.record_tool(index, version, outcome,
-                                               expected=len(state.pending_calls))
+                                               expected=len(state.pending_calls), lock=lock)
         if recorded_now == -1:
             await ctx.note(batch_id, "dropped_stale")
             return []
@@ -245,7 +292,8 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
 
 
 async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
-                       outcomes: dict[str, ToolOutcome] | None = None) -> list[Followup]:
+                       outcomes: dict[str, ToolOutcome] | None = None,
+                       consumed: Sequence[str] = ()) -> list[Followup]:
     """If every call of this tool round has an outcome, move the agent on (once: CAS)."""
     if outcomes is None:
         outcomes = await loaded.store.tool_outcomes(state.index, state.version)
@@ -256,4 +304,4 @@ async def finish_tools(ctx: WorkerContext, loaded: LoadedBatch, state: AgentStat
         # tool task does not load: only a round at the cap can have such calls.
         state = state.model_copy(update={"messages": await loaded.store.last_message(state.index)})
     new = advance(loaded, state, ToolsFinished(list(outcomes.values())))
-    return await commit(ctx, loaded, state, new)
+    return await commit(ctx, loaded, state, new, consumed=consumed)

@@ -27,7 +27,7 @@ import uuid
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.turns import Abandoned, step
 from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
-from ..state.redis_store import due_agents, now_ms
+from ..state.redis_store import deadline_score, due_agents, now_ms
 from .app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
@@ -82,8 +82,8 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
     if loaded is None:
         keys = BatchKeys(batch_id)
         members = [keys.member(i) for i in indices]
-        if await ctx.redis.exists(keys.ver):  # still being submitted: look again later
-            later = now_ms() + ctx.settings.queue_grace_ms
+        if await ctx.redis.exists(keys.state):  # still being submitted: look again later
+            later = deadline_score(now_ms() + ctx.settings.queue_grace_ms, started=False)
             await ctx.redis.zadd(WATCH, dict.fromkeys(members, later), xx=True)
             return 0
         await ctx.redis.zrem(WATCH, *members)  # deleted or expired under its agents
@@ -97,12 +97,13 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
             await store.unwatch(index)
             continue
         if leased:  # a live worker holds it; look again when the lease would have run out
-            await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms)
+            await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms, started=True)
             continue
         queue = TOOLS_QUEUE if state.status is AgentStatus.AWAITING_TOOLS else INFERENCE_QUEUE
         if not started and waiting[queue] > 0:
             # Never started and its queue is busy: still queued, most likely. Look again later.
-            await store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
+            await store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms,
+                                      started=False)
             continue
         sent += await _resend(ctx, loaded, state)
     if sent:

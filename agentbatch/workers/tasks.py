@@ -33,9 +33,11 @@ def turn_task(self, batch_id: str, index: int, version: int, turn: int = 0) -> N
 
 @app.task(name=TOOL_TASK, bind=True)
 def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
-              tool: str = "") -> None:
-    """One tool call of agent ``index`` at ``version`` (``tool`` names it for Flower)."""
-    followups = loop.run(run_tool(worker_context(), batch_id, index, version, call_id))
+              tool: str = "", calls: int = 0) -> None:
+    """One tool call of agent ``index`` at ``version`` (``tool`` names it, for Flower too;
+    ``calls`` is the round's size, 0 when unknown)."""
+    followups = loop.run(run_tool(worker_context(), batch_id, index, version, call_id, tool,
+                                  calls))
     publish(self.app, followups)
 
 

@@ -77,11 +77,11 @@ def test_a_submit_of_many_chunks_lands_whole(redis_url, monkeypatch):
     k = BatchKeys(handle.batch_id)
     states = r.hgetall(k.state)
     assert sorted(map(int, states)) == list(range(n))
-    assert all(json.loads(v)["index"] == int(i) for i, v in states.items())
-    assert r.hlen(k.ver) == n and r.zcard(k.watch) == n
+    assert all(json.loads(v.partition(":")[2])["index"] == int(i) for i, v in states.items())
+    assert r.hlen(k.state) == n and r.zcard(k.watch) == n
     assert r.exists(k.plan) and r.hget(k.meta, "total") == str(n)
     # committed: the staging expiry is gone from every key (retention comes at the finish)
-    assert [r.pttl(key) for key in (k.ver, k.state, k.watch, k.plan, k.meta)] == [-1] * 5
+    assert [r.pttl(key) for key in (k.state, k.watch, k.plan, k.meta)] == [-1] * 4
     assert r.sismember(ACTIVE_BATCHES, handle.batch_id)
     args = _queued_args(r)
     assert len(args) == n
@@ -162,11 +162,11 @@ def test_a_submitter_killed_midway_leaves_only_expiring_keys(server):
         proc.kill()
         proc.wait(10)
     keys = [key for key in r.keys("ab:*") if key != WATCH]
-    ver = next(key for key in keys if key.endswith(":ver"))
-    assert 0 < r.hlen(ver) < 5000, "the submit was not cut short mid-way"
+    state = next(key for key in keys if key.endswith(":state"))
+    assert 0 < r.hlen(state) < 5000, "the submit was not cut short mid-way"
     _assert_no_live_batch(r)
     # The staged deadlines are in the fleet-wide zset, which never expires with a batch: the
-    # sweep leaves them while the batch's ``ver`` exists and drops them once it is gone.
+    # sweep leaves them while the batch's ``state`` exists and drops them once it is gone.
     assert 0 < r.zcard(WATCH) <= 5000
     ttls = [r.pttl(key) for key in keys]
     assert all(0 < ms <= distributed_submit.STAGING_TTL_MS for ms in ttls), (keys, ttls)

@@ -19,7 +19,7 @@ from agentbatch import run_batch, submit_batch
 from agentbatch.orchestrator.agent_state import AgentState
 from agentbatch.state.connection import async_client
 from agentbatch.state.keys import BatchKeys
-from agentbatch.state.redis_store import BatchStore
+from agentbatch.state.redis_store import BatchStore, entry_state, state_entry, stored_state
 from agentbatch.state.scripts import Scripts
 from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
 from agentbatch.workers.envelope import queue_key
@@ -109,7 +109,7 @@ async def _commit_after_losing(redis_url: str, batch_id: str) -> tuple[bool, boo
         assert claim.kind == "ok"
         state: AgentState = claim.state
         # someone else moved the agent on meanwhile (e.g. a cancel or a re-sent duplicate)
-        await client.hset(store.k.ver, "0", "1")
+        await client.hset(store.k.state, "0", state_entry(1, stored_state(state)))
         won = await store.commit(state, state.model_copy(update={"version": 1}), token=token)
         return won, bool(await client.exists(store.k.lease(0)))
     finally:
@@ -189,14 +189,15 @@ async def _resends(redis_url: str, batch_id: str) -> list[int]:
     client = async_client(redis_url)
     try:
         store = BatchStore(client, Scripts(client), batch_id)
-        state = AgentState.model_validate_json(await client.hget(store.k.state, "0"))
+        state = entry_state(await client.hget(store.k.state, "0"))
         msg = [("test:resent", "m")]
         out = [await store.resend(state, msg, recheck_ms=1000, max_resends=3)
                for _ in range(4)]  # 1, 2, 3, then the cap: nothing sent
         await client.set(store.k.lease(0), "holder", px=5000)
         out.append(await store.resend(state, msg, recheck_ms=1000, max_resends=3))  # leased
         await client.delete(store.k.lease(0))
-        await client.hset(store.k.ver, "0", "1")  # progress: a new version starts afresh
+        # progress: a new version starts afresh
+        await client.hset(store.k.state, "0", state_entry(1, stored_state(state)))
         out.append(await store.resend(state.model_copy(update={"version": 1}), msg,
                                       recheck_ms=1000, max_resends=3))
         out.append(await client.llen("test:resent"))

@@ -125,9 +125,9 @@ def skewed_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("skewed_worker")
 async def test_progress_deadlines_a_skewed_worker_writes_are_in_redis_time(client: Any) -> None:
     store = BatchStore(client, Scripts(client), "skew-lease")
-    await client.hset(store.k.ver, "0", "1")
+    await client.hset(store.k.state, "0", "1:{}")
     await client.zadd(store.k.watch, {store.k.member(0): 0})
-    assert await store.tool_running(0, 1, ttl_ms=3000) is True
+    assert await store.tool_running(0, 1, ttl_ms=3000) == 1
     score = await client.zscore(store.k.watch, store.k.member(0))
     assert abs(score - (await redis_ms(client) + 3000)) < 2000, score
 

@@ -16,7 +16,7 @@ from agentbatch.workers.sweep import sweep_once
 def test_sweep_keeps_a_staging_batchs_deadlines_and_drops_a_gone_batchs(redis_url: str) -> None:
     r = redis.from_url(redis_url, decode_responses=True)
     staging, gone = BatchKeys("staging"), BatchKeys("gone")
-    r.hset(staging.ver, mapping={0: 0, 1: 0})  # staged agents, no plan yet
+    r.hset(staging.state, mapping={0: "0:{}", 1: "0:{}"})  # staged agents, no plan yet
     r.zadd(WATCH, {staging.member(0): 0, staging.member(1): 0, gone.member(0): 0,
                    gone.member(1): 0})
     ctx = WorkerContext(WorkerSettings(redis_url=redis_url))

@@ -18,10 +18,13 @@ _clients: dict[int, aioredis.Redis] = {}
 
 
 def _redis() -> aioredis.Redis:
+    """Where the tools count their executions: the workers' Redis, unless
+    ``TEST_COUNTER_REDIS_URL`` names another (benchmarks count agentbatch's own commands)."""
     loop_id = id(asyncio.get_running_loop())
     client = _clients.get(loop_id)
     if client is None:
-        client = _clients[loop_id] = aioredis.from_url(os.environ["AGENTBATCH_REDIS_URL"])
+        url = os.environ.get("TEST_COUNTER_REDIS_URL") or os.environ["AGENTBATCH_REDIS_URL"]
+        client = _clients[loop_id] = aioredis.from_url(url)
     return client
 
 

@@ -1,42 +1,39 @@
--- Start one turn in one round trip: version check, lease, progress deadline, the agent's
--- state and conversation, and (when asked) a fleet inference slot.
--- KEYS: ver, state, lease, watch, meta, run, msgs, sem zset, sem aimd hash
+-- Start one turn in one round trip: version check, lease, progress deadline (marked
+-- started), the agent's state and conversation, and (when asked) a fleet inference slot.
+-- KEYS: state, lease, watch, meta, msgs, sem zset, sem aimd hash
 -- ARGV: index, expected_version, token, ttl_ms, now_ms, sem_limit ('' = no slot now),
 --       sem_ttl_ms, watch member ('<batch id>:<index>')
--- Returns {'ok', state, cancelled, {messages...}, slot 0/1, aimd limit or -1},
+-- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1},
 -- {'stale', version}, {'gone'} or {'busy', lease pttl}.
--- ``run`` records the version this agent last started at: an unleased agent whose version
--- was started and never committed was lost mid-turn, and the sweep re-sends it at once.
 -- The slot: the holder is the lease token; the commit that ends the turn releases it. Slot
 -- expiry uses now_ms, Redis's own TIME as last synced by the worker (redis_store.now_ms).
 -- Expired holders are purged only when the set looks full, so a free slot costs 3 calls.
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return {'gone'} end
-if v ~= ARGV[2] then return {'stale', v} end
-if not redis.call('SET', KEYS[3], ARGV[3], 'NX', 'PX', ARGV[4]) then
-  return {'busy', tostring(redis.call('PTTL', KEYS[3]))}
+local entry = redis.call('HGET', KEYS[1], ARGV[1])
+if not entry then return {'gone'} end
+local v = version_of(entry)
+if v ~= ARGV[2] then return {'stale', v or ''} end
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4]) then
+  return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
 end
 local now = tonumber(ARGV[5])
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[8])
-redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
-local cancelled = redis.call('HGET', KEYS[5], 'cancelled') or '0'
+redis.call('ZADD', KEYS[3], started_at(now + tonumber(ARGV[4])), ARGV[8])
+local cancelled = redis.call('HGET', KEYS[4], 'cancelled') or '0'
 local slot, dynamic = 0, -1
 if ARGV[6] ~= '' and cancelled ~= '1' then
   local limit = tonumber(ARGV[6])
-  local stored = tonumber(redis.call('HGET', KEYS[9], 'limit'))
+  local stored = tonumber(redis.call('HGET', KEYS[7], 'limit'))
   if stored then
     dynamic = stored
     if stored < limit then limit = stored end
   end
-  local held = redis.call('ZCARD', KEYS[8])
+  local held = redis.call('ZCARD', KEYS[6])
   if held >= limit then
-    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
-    held = redis.call('ZCARD', KEYS[8])
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+    held = redis.call('ZCARD', KEYS[6])
   end
   if held < limit then
-    redis.call('ZADD', KEYS[8], now + tonumber(ARGV[7]), ARGV[3])
+    redis.call('ZADD', KEYS[6], now + tonumber(ARGV[7]), ARGV[3])
     slot = 1
   end
 end
-return {'ok', redis.call('HGET', KEYS[2], ARGV[1]), cancelled,
-        redis.call('LRANGE', KEYS[7], 0, -1), slot, dynamic}
+return {'ok', entry, cancelled, redis.call('LRANGE', KEYS[5], 0, -1), slot, dynamic}

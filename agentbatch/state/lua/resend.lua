@@ -1,13 +1,14 @@
 -- Re-send a lost agent's task(s), atomically with counting it and moving its deadline.
--- KEYS: ver, lease, watch, resends, run, meta, audit, queue lists...
+-- KEYS: state, lease, watch, resends, meta, audit, queue lists...
 -- ARGV: index, version, now_ms, base_ms, max_resends, audit ('1'|'0'), watch member,
 --       payloads...
 -- Returns -1 when the agent moved on or is leased again (nothing sent), -2 when it was
 -- re-sent max_resends times at this version already (nothing sent: the caller ends it),
 -- else the number of re-sends at this version, this one included. The next look is
--- base_ms later, doubling with each re-send that made no progress (at most 32x).
+-- base_ms later, doubling with each re-send that made no progress (at most 32x); the
+-- re-sent version counts as queued (even deadline) until a worker starts it.
 -- Re-sent messages go to the consuming end of the list (RPUSH): recovery jumps the queue.
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return -1 end
+if version_of(redis.call('HGET', KEYS[1], ARGV[1])) ~= ARGV[2] then return -1 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local n = 1
 local prev = redis.call('HGET', KEYS[4], ARGV[1])
@@ -17,12 +18,11 @@ if prev then
 end
 if n > tonumber(ARGV[5]) then return -2 end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2] .. ':' .. n)
-redis.call('HDEL', KEYS[5], ARGV[1])
 local wait = tonumber(ARGV[4]) * 2 ^ math.min(n - 1, 5)
-redis.call('ZADD', KEYS[3], tonumber(ARGV[3]) + wait, ARGV[7])
-redis.call('HINCRBY', KEYS[6], 'stat:recovered', 1)
-if ARGV[6] == '1' then redis.call('XADD', KEYS[7], '*', 'i', ARGV[1], 'resent', ARGV[2]) end
-for j = 8, #KEYS do
-  redis.call('RPUSH', KEYS[j], ARGV[j])
+redis.call('ZADD', KEYS[3], queued_at(tonumber(ARGV[3]) + wait), ARGV[7])
+redis.call('HINCRBY', KEYS[5], 'stat:recovered', 1)
+if ARGV[6] == '1' then redis.call('XADD', KEYS[6], '*', 'i', ARGV[1], 'resent', ARGV[2]) end
+for j = 7, #KEYS do
+  redis.call('RPUSH', KEYS[j], ARGV[j + 1])
 end
 return n
