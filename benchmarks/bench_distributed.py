@@ -123,7 +123,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
 
 
 def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
-              concurrency: int) -> dict[str, Any]:
+              concurrency: int, waits: tuple[float, ...] = ()) -> dict[str, Any]:
     from agentbatch.workers.dispatch import publish
     from benchmarks.celery_floor import DONE_KEY, app, step_message
 
@@ -138,7 +138,7 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
         redis_before = cpu_seconds(server.proc.pid)
         me_before = time.process_time()
         started = time.perf_counter()
-        publish(app, [step_message(a, steps) for a in range(agents)])
+        publish(app, [step_message(a, steps, waits) for a in range(agents)])
         deadline = time.monotonic() + max(600.0, agents * steps * 0.02)
         checked = 0.0
         while int(r.get(DONE_KEY) or 0) < agents:
@@ -167,13 +167,26 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
     tasks = agents * steps
     # The same measures as ``run_agentbatch``: what Celery alone costs per task on this
     # machine, the part of each per-task target that agentbatch cannot remove.
-    return {"agents": agents, "tasks": tasks, "wall_s": round(wall, 3),
+    return {"agents": agents, "tasks": tasks, "waits_s": list(waits), "wall_s": round(wall, 3),
             "cpu_s": {"workers": round(worker_cpu, 2), "redis": round(redis_cpu, 2),
                       "submitter": round(client_cpu, 2)},
             "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
                                                    / tasks * 1000, 3),
             "redis_commands_per_task_incl_lua": round(cmds / tasks, 2),
             "redis_commands_per_task_by_name": commands_by_name(stats, tasks)}
+
+
+def workload_waits(turn_s: float, tool_s: float) -> tuple[float, ...]:
+    """Per step (indexed by steps remaining, as ``celery_floor.step`` counts them), how long
+    the real work waits: each model turn the simulator's latency, the two ``lookup`` rounds
+    the tool's sleep; the ``cached_lookup`` round is a cache hit for all but 20 of the
+    agents (``tests/chaos/client.py``), so it waits nothing here."""
+    waits = [0.0] * (2 * ROUNDS + 2)
+    for remaining in range(1, 2 * ROUNDS + 2):
+        if remaining % 2 == 1:
+            waits[remaining] = turn_s
+    waits[2 * ROUNDS] = waits[2] = tool_s  # rounds 1 and 3 (remaining 6 and 2)
+    return tuple(waits)
 
 
 def client_commands_per_task(server: RedisServer, backend: str, concurrency: int) -> dict:
@@ -250,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                               args.concurrency)
         except (RuntimeError, TimeoutError) as exc:  # keep the agentbatch numbers, say why
             floor = {"agents": args.agents, "error": str(exc)}
+        try:
+            floor_waits = run_floor(server, args.agents, args.inference_workers,
+                                    args.tool_workers, args.concurrency,
+                                    workload_waits(args.fixed_ms / 1000, args.tool_s))
+        except (RuntimeError, TimeoutError) as exc:
+            floor_waits = {"agents": args.agents, "error": str(exc)}
     finally:
         sim.stop()
         server.cleanup()
@@ -265,10 +284,14 @@ def main(argv: list[str] | None = None) -> int:
                      "critical_path_s": round(critical, 3)},
         "agentbatch": ours,
         "celery_floor": floor,
+        "celery_floor_with_waits": floor_waits,
         "redis_round_trips": monitor,
         "ratios": {
             "wall_vs_celery_floor": (round(ours["wall_s"] / floor["wall_s"], 3)
                                      if "wall_s" in floor else None),
+            "wall_vs_celery_floor_with_waits": (
+                round(ours["wall_s"] / floor_waits["wall_s"], 3)
+                if "wall_s" in floor_waits else None),
             "wall_vs_critical_path": round(ours["wall_s"] / critical, 3),
             "cpu_per_task_vs_celery_floor": (
                 round(ours["cpu_ms_per_task_all_processes"]
@@ -282,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json(Path(args.json), report)
     print({k: report[k] for k in ("agentbatch", "celery_floor", "ratios")})
-    return 1 if "error" in floor else 0
+    return 1 if "error" in floor or "error" in floor_waits else 0
 
 
 if __name__ == "__main__":

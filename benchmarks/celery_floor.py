@@ -1,13 +1,17 @@
-"""The Celery floor: the distributed engine's task graph with every task a no-op.
+"""The Celery floor: the distributed engine's task graph with no agentbatch in it.
 
 Each agent is a chain of (turn, tool) x rounds + a final turn, alternating queues exactly as
 the real engine does; each task only enqueues the next (with the same pipelined envelope
-path). Workers: ``celery -A benchmarks.celery_floor worker -Q inference,tools -P threads``.
+path). With ``turn_s``/``tool_s`` of 0 the tasks are no-ops (what Celery alone costs per
+task); with the workload's model latency and tool times, each task first sleeps as long in
+its worker thread as the real turn or tool call waits (what Celery alone needs in wall time
+to run the same work). Workers: ``celery -A benchmarks.celery_floor worker -P threads``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import redis
 
@@ -21,15 +25,18 @@ DONE_KEY = "floor:done"
 STEP_TASK = "agentbatch.floor.step"
 
 
-def step_message(agent: int, remaining: int) -> Followup:
-    """The next no-op task: odd steps are tool calls, even ones model turns."""
+def step_message(agent: int, remaining: int, waits: tuple[float, ...] = ()) -> Followup:
+    """The next task: even ``remaining`` are tool calls, odd ones model turns; ``waits[i]`` is
+    how long the task with ``remaining == i`` sleeps (none: a no-op)."""
     queue = TOOLS_QUEUE if remaining % 2 == 0 else INFERENCE_QUEUE
-    return Followup(STEP_TASK, (agent, remaining), queue, 9)
+    return Followup(STEP_TASK, (agent, remaining, list(waits)), queue, 9)
 
 
 @app.task(name=STEP_TASK, bind=True)
-def step(self, agent: int, remaining: int) -> None:
+def step(self, agent: int, remaining: int, waits: list[float] | None = None) -> None:
+    if waits and waits[remaining]:
+        time.sleep(waits[remaining])
     if remaining <= 1:
         redis.from_url(self.app.conf.broker_url).incr(DONE_KEY)
         return
-    publish(self.app, [step_message(agent, remaining - 1)])
+    publish(self.app, [step_message(agent, remaining - 1, tuple(waits or ()))])

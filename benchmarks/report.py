@@ -165,19 +165,27 @@ def render_distributed(data: dict[str, Any]) -> str:
     def per_task(run: dict[str, Any], key: str) -> str:
         return fmt(run[key]) if key in run else "-"  # older files: the floor had no CPU count
 
-    tbl = table(
-        ["run", "tasks", "ok", "wall s", "wall / Celery floor", "wall / critical path",
-         "CPU ms / task", "Redis commands / task"],
-        [["agentbatch", ours["tasks"], f"{ours['ok']}/{ours['agents']}", fmt(ours["wall_s"]),
-          fmt(ratios["wall_vs_celery_floor"]), fmt(ratios["wall_vs_critical_path"]),
-          per_task(ours, "cpu_ms_per_task_all_processes"),
-          per_task(ours, "redis_commands_per_task_incl_lua")],
-         ["Celery floor (same task graph, no-op tasks)", floor.get("tasks", "-"), "-",
-          fmt(floor["wall_s"]) if "wall_s" in floor else f"failed: {floor.get('error')}",
-          "1.00" if "wall_s" in floor else "-", "-",
-          per_task(floor, "cpu_ms_per_task_all_processes"),
-          per_task(floor, "redis_commands_per_task_incl_lua")]],
-    )
+    def floor_row(label: str, run: dict[str, Any], ratio_key: str) -> list[Any]:
+        ratio = ratios.get(ratio_key)
+        return [label, run.get("tasks", "-"), "-",
+                fmt(run["wall_s"]) if "wall_s" in run else f"failed: {run.get('error')}",
+                "-" if ratio is None else fmt(ratio), "-",
+                per_task(run, "cpu_ms_per_task_all_processes"),
+                per_task(run, "redis_commands_per_task_incl_lua")]
+
+    rows = [["agentbatch", ours["tasks"], f"{ours['ok']}/{ours['agents']}", fmt(ours["wall_s"]),
+             "1.00", fmt(ratios["wall_vs_critical_path"]),
+             per_task(ours, "cpu_ms_per_task_all_processes"),
+             per_task(ours, "redis_commands_per_task_incl_lua")]]
+    waits = data.get("celery_floor_with_waits")
+    if waits is not None:  # older files ran only the no-op floor
+        rows.append(floor_row("Celery floor, same task graph, each task sleeping as long as "
+                              "the real turn or tool waits", waits,
+                              "wall_vs_celery_floor_with_waits"))
+    rows.append(floor_row("Celery floor, same task graph, no-op tasks", floor,
+                          "wall_vs_celery_floor"))
+    tbl = table(["run", "tasks", "ok", "wall s", "agentbatch wall / this", "wall / critical path",
+                 "CPU ms / task", "Redis commands / task"], rows)
     cpu = ours["cpu_s"]
     bullets = [
         f"- CPU per task (turn or tool call), all processes: "
@@ -192,6 +200,11 @@ def render_distributed(data: dict[str, Any]) -> str:
         "- client commands by name (50-agent batch): " + ", ".join(
             f"{k} {v}" for k, v in list(rt["client_commands_by_name"].items())[:8]),
     ]
+    by_name = ours.get("redis_commands_per_task_by_name")
+    if by_name:
+        bullets.append("- commands per task by name, Lua included (INFO commandstats, "
+                       f"{ours['agents']}-agent run): " + ", ".join(
+                           f"{k} {v}" for k, v in list(by_name.items())[:12]))
     return "\n".join([head, "", tbl, "", *bullets, "", _machine_line(data)])
 
 

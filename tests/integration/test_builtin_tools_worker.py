@@ -73,8 +73,9 @@ def test_worker_started_from_slash_reads_no_secrets_and_reaches_no_loopback(
     assert CANARY.encode() not in dumped
     assert b"no root directory configured" in dumped  # the model was told how to set one
     # http_get's refusals are ``not call.ok`` above; their wording is checked against a real
-    # loopback server in tests/unit/test_builtin_tools_confinement.py. (A plain tool's outcome is kept
-    # nowhere but in the agent's conversation, which its terminal commit drops.)
+    # loopback server in tests/unit/test_builtin_tools_confinement.py. (A plain tool's
+    # outcome is kept nowhere but in the agent's conversation, which its terminal commit
+    # drops.)
     assert b"vllm:" not in dumped and b"# HELP" not in dumped  # no /metrics text stored
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import redis
@@ -13,7 +14,8 @@ from pydantic import BaseModel
 
 from agentbatch import BatchSpecError, ConfigError, get_batch, submit_batch, tool
 from agentbatch.state.keys import BatchKeys
-from agentbatch.workers.app import TURN_TASK, client_app
+from agentbatch.state.redis_store import entry_state
+from agentbatch.workers.app import TOOL_TASK, TURN_TASK, client_app
 from tests.support.tools import Answer, always_fails, cached_lookup, lookup
 from tests.support.workers import REPO
 
@@ -78,6 +80,31 @@ def test_duplicated_turn_task_is_dropped(redis_url, sim_url, start_workers):
                   if k.startswith("stat:dropped") or k == "stat:requeued_busy")
     assert dropped >= 1, status
     assert int(redis.from_url(redis_url).get("test:exec:lookup:dup")) == 1
+
+
+def test_a_duplicated_plain_tool_task_waits_for_the_calls_lock_and_the_call_runs_once(
+        redis_url, sim_url, start_workers):
+    # A plain tool's call takes its lock in the script that starts it; a second delivery of
+    # the same call, arriving while the first runs, is re-queued for when that lock would
+    # run out, then finds the agent moved on. The call runs once.
+    start_workers(1, queues="inference", concurrency=4)
+    start_workers(1, queues="tools", concurrency=4, env={"TEST_TOOL_SLEEP_S": "3"})
+    handle = _submit(redis_url, sim_url, 'Agent {i}.\n@sim tool lookup {{"key": "dup2"}}',
+                     [{"i": 0}], tools=[lookup])
+    r = redis.from_url(redis_url, decode_responses=True)
+    deadline = time.monotonic() + 60
+    while not r.get("test:exec:lookup:dup2"):  # the call is running
+        assert time.monotonic() < deadline, "the tool call never started"
+        time.sleep(0.02)
+    state = entry_state(r.hget(BatchKeys(handle.batch_id).state, "0"))
+    [call] = state.pending_calls
+    client_app(redis_url).send_task(
+        TOOL_TASK, args=[handle.batch_id, 0, state.version, call.id, call.name, 1],
+        queue="tools")
+    [result] = handle.wait(timeout=90)
+    assert result.ok and result.turns == 2, result.error
+    assert int(r.get("test:exec:lookup:dup2")) == 1
+    assert handle.status().get("stat:requeued_busy", 0) >= 1  # it met the lock
 
 
 def test_reattach_from_another_process_and_resume_from_a_cursor(
