@@ -37,6 +37,7 @@ import redis.sentinel
 from redis.backoff import ExponentialBackoff
 
 from ..errors import ConfigError
+from .hiredis_packing import HiredisPacking, connection_class
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,7 @@ FAILOVER_RETRIES = 32
 _FAILOVER_BACKOFF = {"cap": 1.0, "base": 0.05}
 
 
-class _AsyncReconnecting(aiosentinel.SentinelManagedConnection):
+class _AsyncReconnecting(HiredisPacking, aiosentinel.SentinelManagedConnection):
     """Asks the sentinels for the primary on every (re)connect. redis-py 8.1's asyncio
     connection asks only when the pool hands it out; a command's own retries reconnect to
     the address it had, so through a whole failover they hammer the dead primary and the
@@ -334,6 +335,9 @@ def async_client(url: str, **overrides: Any) -> aioredis.Redis:
         manager = aiosentinel.Sentinel(list(parsed.hosts), sentinel_kwargs=sentinels)
         return manager.master_for(parsed.service, connection_class=_AsyncReconnecting,
                                   **primary)
+    packing = connection_class(_scheme(url))
+    if packing is not None:
+        options.setdefault("connection_class", packing)
     return aioredis.from_url(url, **options)
 
 

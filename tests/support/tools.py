@@ -18,14 +18,18 @@ _clients: dict[int, aioredis.Redis] = {}
 
 
 def _redis() -> aioredis.Redis:
-    """Where the tools count their executions: the workers' Redis, unless
-    ``TEST_COUNTER_REDIS_URL`` names another (benchmarks count agentbatch's own commands)."""
     loop_id = id(asyncio.get_running_loop())
     client = _clients.get(loop_id)
     if client is None:
-        url = os.environ.get("TEST_COUNTER_REDIS_URL") or os.environ["AGENTBATCH_REDIS_URL"]
-        client = _clients[loop_id] = aioredis.from_url(url)
+        client = _clients[loop_id] = aioredis.from_url(os.environ["AGENTBATCH_REDIS_URL"])
     return client
+
+
+def _counting() -> bool:
+    """Whether ``lookup`` and ``cached_lookup`` count their executions in Redis; a benchmark
+    of agentbatch's own cost per task (``bench_distributed``) sets ``TEST_TOOL_COUNT=0`` so
+    that the tools' bookkeeping is not measured with it."""
+    return os.environ.get("TEST_TOOL_COUNT", "1") != "0"
 
 
 @tool
@@ -38,8 +42,9 @@ async def lookup(key: str, ctx: ToolContext) -> str:
     Args:
         key: what to look up.
     """
-    await _redis().incr(f"test:exec:lookup:{key}")
-    await _redis().hincrby("test:exec:noncacheable", ctx.idempotency_key, 1)
+    if _counting():
+        await _redis().incr(f"test:exec:lookup:{key}")
+        await _redis().hincrby("test:exec:noncacheable", ctx.idempotency_key, 1)
     await asyncio.sleep(float(os.environ.get("TEST_TOOL_SLEEP_S", "0.3")))
     return f"value-of-{key}"
 
@@ -51,7 +56,8 @@ async def cached_lookup(key: str) -> str:
     Args:
         key: what to look up.
     """
-    await _redis().incr(f"test:exec:cached_lookup:{key}")
+    if _counting():
+        await _redis().incr(f"test:exec:cached_lookup:{key}")
     await asyncio.sleep(0.05)
     return f"cached-{key}"
 
