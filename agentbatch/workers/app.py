@@ -6,11 +6,12 @@ checked against Celery 5.7 / kombu 5.7; see shared CELERY_NOTES.md.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cache
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
 from ..state.connection import broker_ssl, broker_transport, broker_url
@@ -92,6 +93,21 @@ def _only_agentbatch_tasks(sender: Celery, **_: Any) -> None:
     worker accepts only ``agentbatch.*`` tasks and discards any other as unregistered."""
     for name in [n for n in sender._tasks if not n.startswith("agentbatch.")]:
         sender._tasks.unregister(name)
+
+
+# Celery's loggers of the two INFO lines it writes per task ("received", "succeeded in").
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+@signals.after_setup_logger.connect
+def _per_task_lines_at_debug_only(loglevel: int | str | None = None, **_: Any) -> None:
+    """Below DEBUG, a worker does not log two lines for every task: at thousands of turns a
+    second that is log volume nobody reads and ~5% of an inference worker's CPU (yappi).
+    Flower shows every task; errors and retries are still logged (WARNING and up)."""
+    level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
+    if isinstance(level, int) and level > logging.DEBUG:
+        for name in PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @cache

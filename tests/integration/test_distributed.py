@@ -107,6 +107,15 @@ def test_a_duplicated_plain_tool_task_waits_for_the_calls_lock_and_the_call_runs
     assert handle.status().get("stat:requeued_busy", 0) >= 1  # it met the lock
 
 
+def test_a_worker_below_debug_writes_no_line_per_task(redis_url, sim_url, start_workers):
+    (w,) = start_workers(1, concurrency=4)  # INFO, the default
+    results = _submit(redis_url, sim_url, "Agent {i}.", [{"i": i} for i in range(4)]).wait(60)
+    assert all(r.ok for r in results)
+    log = w.log()
+    assert "] received" not in log and "] succeeded in" not in log, log[-2000:]
+    assert "ready." in log  # the worker does log at INFO
+
+
 def test_reattach_from_another_process_and_resume_from_a_cursor(
         redis_url, sim_url, start_workers):
     start_workers(1, concurrency=16)

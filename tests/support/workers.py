@@ -17,8 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     def __init__(self, redis_url: str, *, queues: str = "inference,tools", concurrency: int = 8,
                  name: str = "w", env: dict[str, str] | None = None,
-                 pool: str = "threads", supervise: bool = False) -> None:
+                 pool: str = "threads", supervise: bool = False,
+                 loglevel: str = "INFO") -> None:
         self.redis_url = redis_url
+        self.loglevel = loglevel
         self.queues = queues
         self.concurrency = concurrency
         self.name = name
@@ -45,7 +47,7 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "agentbatch.cli", "worker", "--queues", self.queues,
                "--concurrency", str(self.concurrency), "--redis-url", self.redis_url,
                "--pool", self.pool, "--hostname", f"{self.name}-{os.getpid()}@%h",
-               "--loglevel", "INFO"]
+               "--loglevel", self.loglevel]
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=REPO)
