@@ -329,9 +329,15 @@ class BatchStore:
 async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:
     """(batch id, index) of agents whose progress deadline has passed (by Redis's clock),
     across the fleet: one ZRANGEBYSCORE, however many batches are active."""
+    return [(batch_id, index) for batch_id, index, _ in await due_marked(client, limit)]
+
+
+async def due_marked(client: Any, limit: int = 500) -> list[tuple[str, int, bool]]:
+    """``due_agents`` with each one's started mark (the score's parity)."""
     await sync_clock(client)
-    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
-    return [watch_member(m) for m in found]
+    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit,
+                                       withscores=True)
+    return [(*watch_member(m), started(score)) for m, score in found]
 
 
 def retention_ms(retention_s: float) -> int:

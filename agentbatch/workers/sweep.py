@@ -7,7 +7,9 @@ what Redis shows:
 - the agent's current version was *started* (a claim or a tool call marked it) and nothing
   committed or renewed since: its worker died mid-turn, so its task is re-sent at once;
 - it was never started and its queue still holds messages: it is most likely still queued,
-  so nothing is sent (re-sending would only pile duplicates onto a busy queue);
+  so nothing is sent (re-sending would only pile duplicates onto a busy queue); when both
+  queues hold messages, every such agent of the pass is looked at again later in one
+  command, without reading its state (the started mark is the deadline's parity);
 - it was never started and its queue is empty: the message is gone (a worker that had
   prefetched it died), so it is re-sent.
 
@@ -27,7 +29,7 @@ import uuid
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.turns import Abandoned, step
 from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
-from ..state.redis_store import deadline_score, due_agents, now_ms
+from ..state.redis_store import deadline_score, due_marked, now_ms
 from .app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
@@ -47,13 +49,15 @@ async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> int:
     if not await ctx.redis.set(SWEEP_LOCK, token, nx=True, px=lock_ms):
         return 0
     try:
-        due = await due_agents(ctx.redis, limit)
+        due = await due_marked(ctx.redis, limit)
         if not due:
             return 0
-        by_batch: dict[str, list[int]] = {}
-        for batch_id, index in due:
-            by_batch.setdefault(batch_id, []).append(index)
         waiting = await _queue_waiting(ctx)
+        if all(waiting.values()):
+            due = await _still_queued_later(ctx, due)
+        by_batch: dict[str, list[int]] = {}
+        for batch_id, index, _ in due:
+            by_batch.setdefault(batch_id, []).append(index)
         sent = 0
         for batch_id, indices in by_batch.items():
             try:
@@ -63,6 +67,20 @@ async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> int:
         return sent
     finally:
         await ctx.scripts.release(keys=[SWEEP_LOCK], args=[token])
+
+
+async def _still_queued_later(ctx: WorkerContext,
+                              due: list[tuple[str, int, bool]]) -> list[tuple[str, int, bool]]:
+    """With messages waiting on both queues, an agent whose version was never started is
+    still queued, most likely (what ``_sweep_batch`` would conclude after reading its state,
+    lease and mark: four commands each): look at all of them again a queue grace later in
+    one command. A big batch queued longer than the grace no longer costs the sweep a read
+    per agent per pass. Returns the agents still to look at one by one."""
+    queued = [BatchKeys(b).member(i) for b, i, started in due if not started]
+    if queued:
+        later = deadline_score(now_ms() + ctx.settings.queue_grace_ms, started=False)
+        await ctx.redis.zadd(WATCH, dict.fromkeys(queued, later), xx=True)
+    return [row for row in due if row[2]]
 
 
 async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:

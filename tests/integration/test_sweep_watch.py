@@ -8,7 +8,9 @@ import asyncio
 import redis
 
 from agentbatch.state.keys import WATCH, BatchKeys
+from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE
 from agentbatch.workers.context import WorkerContext
+from agentbatch.workers.envelope import queue_key
 from agentbatch.workers.settings import WorkerSettings
 from agentbatch.workers.sweep import sweep_once
 
@@ -32,3 +34,30 @@ def test_sweep_keeps_a_staging_batchs_deadlines_and_drops_a_gone_batchs(redis_ur
     scores = dict(r.zrange(WATCH, 0, -1, withscores=True))
     assert set(scores) == {staging.member(0), staging.member(1)}  # the gone batch's dropped
     assert all(score > now_ms for score in scores.values())  # looked at again later
+
+
+def test_with_both_queues_busy_unstarted_agents_are_looked_at_later_in_one_command(
+        redis_url: str) -> None:
+    r = redis.from_url(redis_url, decode_responses=True)
+    gone = BatchKeys("gone2")  # no keys at all: one by one, its agents would be dropped
+    r.zadd(WATCH, {gone.member(0): 0, gone.member(1): 1})  # 0 queued (even), 1 started (odd)
+    for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
+        r.lpush(queue_key(queue, 9), "{}")  # messages waiting on both queues
+    ctx = WorkerContext(WorkerSettings(redis_url=redis_url))
+
+    async def sweep() -> int:
+        try:
+            return await sweep_once(ctx)
+        finally:
+            await ctx.redis.aclose()
+
+    r.config_resetstat()
+    assert asyncio.run(sweep()) == 0
+    now_ms = int(r.time()[0]) * 1000
+    scores = dict(r.zrange(WATCH, 0, -1, withscores=True))
+    # the queued one was pushed (even: still not started) without reading its batch; the
+    # started one was looked at on its own and dropped with its gone batch
+    assert set(scores) == {gone.member(0)}
+    assert scores[gone.member(0)] > now_ms and int(scores[gone.member(0)]) % 2 == 0
+    calls = {k: v["calls"] for k, v in r.info("commandstats").items()}
+    assert calls.get("cmdstat_zadd") == 1 and calls.get("cmdstat_hget") is None
