@@ -15,12 +15,8 @@ from agentbatch.workers.settings import WorkerSettings
 from agentbatch.workers.sweep import sweep_once
 
 
-def test_sweep_keeps_a_staging_batchs_deadlines_and_drops_a_gone_batchs(redis_url: str) -> None:
-    r = redis.from_url(redis_url, decode_responses=True)
-    staging, gone = BatchKeys("staging"), BatchKeys("gone")
-    r.hset(staging.state, mapping={0: "0:{}", 1: "0:{}"})  # staged agents, no plan yet
-    r.zadd(WATCH, {staging.member(0): 0, staging.member(1): 0, gone.member(0): 0,
-                   gone.member(1): 0})
+def _sweep(redis_url: str) -> int:
+    """One sweep pass by a worker context of its own; how many tasks it re-sent."""
     ctx = WorkerContext(WorkerSettings(redis_url=redis_url))
 
     async def sweep() -> int:
@@ -29,7 +25,16 @@ def test_sweep_keeps_a_staging_batchs_deadlines_and_drops_a_gone_batchs(redis_ur
         finally:
             await ctx.redis.aclose()
 
-    assert asyncio.run(sweep()) == 0
+    return asyncio.run(sweep())
+
+
+def test_sweep_keeps_a_staging_batchs_deadlines_and_drops_a_gone_batchs(redis_url: str) -> None:
+    r = redis.from_url(redis_url, decode_responses=True)
+    staging, gone = BatchKeys("staging"), BatchKeys("gone")
+    r.hset(staging.state, mapping={0: "0:{}", 1: "0:{}"})  # staged agents, no plan yet
+    r.zadd(WATCH, {staging.member(0): 0, staging.member(1): 0, gone.member(0): 0,
+                   gone.member(1): 0})
+    assert _sweep(redis_url) == 0
     now_ms = int(r.time()[0]) * 1000
     scores = dict(r.zrange(WATCH, 0, -1, withscores=True))
     assert set(scores) == {staging.member(0), staging.member(1)}  # the gone batch's dropped
@@ -43,16 +48,8 @@ def test_with_both_queues_busy_unstarted_agents_are_looked_at_later_in_one_comma
     r.zadd(WATCH, {gone.member(0): 0, gone.member(1): 1})  # 0 queued (even), 1 started (odd)
     for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
         r.lpush(queue_key(queue, 9), "{}")  # messages waiting on both queues
-    ctx = WorkerContext(WorkerSettings(redis_url=redis_url))
-
-    async def sweep() -> int:
-        try:
-            return await sweep_once(ctx)
-        finally:
-            await ctx.redis.aclose()
-
     r.config_resetstat()
-    assert asyncio.run(sweep()) == 0
+    assert _sweep(redis_url) == 0
     now_ms = int(r.time()[0]) * 1000
     scores = dict(r.zrange(WATCH, 0, -1, withscores=True))
     # the queued one was pushed (even: still not started) without reading its batch; the
