@@ -15,12 +15,11 @@ before/after comparison is one invocation:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import re
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,25 +35,6 @@ def pad(n: int) -> str:
     """Return 2 KB of text for round n."""
     return (f"round {n}: " + "x" * 2048)[:2048]
 '''
-_ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
-_ESC = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)")
-_SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
-
-
-def _unescape(raw: bytes) -> bytes:
-    def one(m: re.Match[bytes]) -> bytes:
-        s = m.group(1)
-        if s[:1] == b"x":
-            return bytes([int(s[1:], 16)])
-        return _SIMPLE.get(s, s)
-
-    return _ESC.sub(one, raw)
-
-
-def parse_monitor_line(line: bytes) -> list[bytes]:
-    """The command's arguments from one raw MONITOR line (``ts [db client] "CMD" "arg" ...``)."""
-    body = line.split(b"]", 1)[1] if b"]" in line else line
-    return [_unescape(a) for a in _ARG.findall(body)]
 
 
 class StateReplay:
@@ -82,7 +62,7 @@ class StateReplay:
             elif cmd == b"HGET" and len(args) > 2:
                 self.read += self.state.get(args[2], 0)
                 self.reads += 1
-        elif b":msgs:" in key:
+        elif b":msgs:" in key or b":calls:" in key:
             if cmd == b"RPUSH":
                 sizes = [len(a) for a in args[2:]]
                 self.msgs.setdefault(key, []).extend(sizes)
@@ -98,10 +78,18 @@ class StateReplay:
                 self.msgs.pop(key, None)
 
 
+def _monitor_recorder() -> Any:
+    """``MonitorRecorder`` from this file's checkout: the one measured may predate it."""
+    path = HERE.parents[1] / "tests" / "support" / "redis_monitor.py"
+    spec = importlib.util.spec_from_file_location("ab_redis_monitor", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MonitorRecorder
+
+
 def run_one(rounds: int) -> dict[str, Any]:
     """One agent with ``rounds`` tool rounds on the ``agentbatch`` found on sys.path."""
-    import redis
-
     from agentbatch import submit_batch
     from agentbatch.sim.config import SimConfig
     from agentbatch.sim.process import SimProcess
@@ -114,37 +102,20 @@ def run_one(rounds: int) -> dict[str, Any]:
                            env={"AGENTBATCH_WORKER_IMPORTS": f"tests.support,{TOOL_MODULE}",
                                 "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     replay = StateReplay()
-    stop = threading.Event()
-    ready = threading.Event()
-
-    def watch() -> None:
-        conn = redis.Redis.from_url(server.url).connection_pool.get_connection("MONITOR")
-        conn.send_command("MONITOR")
-        conn.read_response()
-        ready.set()
-        while not stop.is_set():
-            if conn.can_read(timeout=0.2):
-                raw = conn.read_response()
-                line = raw if isinstance(raw, bytes) else str(raw).encode()
-                replay.feed(parse_monitor_line(line))
-
     try:
         worker.start()
-        thread = threading.Thread(target=watch, daemon=True)
-        thread.start()
-        ready.wait(10)
         task = "Agent {i}.\n" + "".join(f'@sim tool pad {{{{"n": {n}}}}}\n' for n in range(rounds))
         from importlib import import_module
         pad = import_module(TOOL_MODULE).pad
         backend = "sim://" + sim.url.split("://", 1)[1]
-        started = time.monotonic()
-        results = submit_batch(task, [{"i": 0}], tools=[pad], model="sim-model",
-                               backend=backend, redis_url=server.url,
-                               max_turns=rounds + 2).wait(timeout=300)
-        wall = time.monotonic() - started
-        time.sleep(0.5)
-        stop.set()
-        thread.join(5)
+        with _monitor_recorder()(server.url) as monitor:
+            started = time.monotonic()
+            results = submit_batch(task, [{"i": 0}], tools=[pad], model="sim-model",
+                                   backend=backend, redis_url=server.url,
+                                   max_turns=rounds + 2).wait(timeout=300)
+            wall = time.monotonic() - started
+        for command in monitor.commands:
+            replay.feed(command)
     finally:
         worker.stop(timeout=30)
         sim.stop()

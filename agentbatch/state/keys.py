@@ -66,6 +66,11 @@ class BatchKeys:
         (deleted by the commit that ends the agent)."""
         return f"{self._base}:msgs:{index}"
 
+    def calls(self, index: int) -> str:
+        """List: the agent's tool-call log (the result's ``tool_calls``), one JSON record per
+        entry, appended per tool round (deleted by the commit that ends the agent)."""
+        return f"{self._base}:calls:{index}"
+
     def tool_results(self, index: int, version: int) -> str:
         return f"{self._base}:tr:{index}:{version}"
 

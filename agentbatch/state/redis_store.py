@@ -16,6 +16,7 @@ from typing import Any
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState
 from ..orchestrator.plan import BatchPlan
+from ..results import ToolCallRecord
 from .keys import ACTIVE_BATCHES, TOMBSTONE_S, WATCH, BatchKeys, watch_member
 from .scripts import Scripts
 
@@ -98,9 +99,9 @@ class SlotAsk:
 
 
 def stored_state(state: AgentState) -> str:
-    """The state JSON kept in Redis: every field but the conversation, which lives in its
-    list."""
-    return state.model_dump_json(exclude={"messages"})
+    """The state JSON kept in Redis: every field but the conversation and the tool-call log,
+    which live in their lists (so its size does not grow with the turns)."""
+    return state.model_dump_json(exclude={"messages", "tool_log"})
 
 
 def state_entry(version: int, state_json: str) -> str:
@@ -132,14 +133,22 @@ def message_entries(messages: Sequence[dict[str, Any]]) -> list[str]:
     return [json.dumps(m, separators=(",", ":")) for m in messages]
 
 
-def with_messages(entry: str, listed: Sequence[str]) -> AgentState:
-    """The agent's state: its entry's fields, and its conversation, which is the entry's own
+def with_messages(entry: str, listed: Sequence[str], logged: Sequence[str] = ()) -> AgentState:
+    """The agent's state: its entry's fields, its conversation, which is the entry's own
     ``messages`` (only a state as submitted has any: the submit writes no lists) followed by
-    the ``listed`` entries of its msgs list."""
+    the ``listed`` entries of its msgs list, and its tool-call log (``logged``)."""
     state = entry_state(entry)
     if listed:
         state.messages = [*state.messages, *(json.loads(m) for m in listed)]
+    if logged:
+        state.tool_log = [ToolCallRecord.model_validate_json(r) for r in logged]
     return state
+
+
+def new_records(old: AgentState, new: AgentState) -> list[str]:
+    """The calls list's entries ``old`` → ``new`` adds: the log only grows, and ``old`` holds
+    either all of it (a claimed turn) or none (a tool task, which loads no log)."""
+    return [r.model_dump_json() for r in new.tool_log[len(old.tool_log):]]
 
 
 def new_messages(old: AgentState, new: AgentState,
@@ -175,14 +184,15 @@ class BatchStore:
         await sync_clock(self.r)
         reply = await self.s.claim(
             keys=[k.state, k.lease(index), k.watch, k.meta, k.messages(index),
-                  slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta],
+                  slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta,
+                  k.calls(index)],
             args=[index, version, token, ttl_ms, now_ms(), slot.limit if slot else "",
                   slot.ttl_ms if slot else 0, k.member(index)])
         if reply[0] == "busy":
             return Claim(kind="busy", busy_ms=max(int(reply[1]), 0))
         if reply[0] != "ok":
             return Claim(kind=reply[0])
-        return Claim(kind="ok", state=with_messages(reply[1], reply[3]),
+        return Claim(kind="ok", state=with_messages(reply[1], reply[3], reply[6]),
                      cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
                      aimd_limit=int(reply[5]), listed=len(reply[3]))
 
@@ -219,20 +229,29 @@ class BatchStore:
         terminal = new.status.terminal
         stored = terminal_state(new) if terminal else new
         mode, tail = ("", []) if terminal else new_messages(old, new, listed)
+        records = [] if terminal else new_records(old, new)
         ok = await self.s.commit(
             keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
                   k.audit, k.resends, k.plan, k.gone, k.messages(old.index),
-                  slot_key or k.lease(old.index), k.fence, *consumed,
+                  slot_key or k.lease(old.index), k.fence, k.calls(old.index), *consumed,
                   *(key for key, _ in enqueue)],
             args=[old.index, old.version, new.version, stored_state(stored), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
                   deadline_ms, self.batch_id, "1" if audit else "0",
                   retention_ms(retention_s), TOMBSTONE_S * 1000, total, len(consumed),
-                  mode, len(tail),
-                  *message_entries(tail),
+                  mode, len(tail), *message_entries(tail),
+                  len(records), *records,
                   *(payload for _, payload in enqueue)],
         )
         return bool(ok)
+
+    async def full_log(self, state: AgentState) -> AgentState:
+        """``state`` with its whole tool-call log: a tool task or the sweep loads none, and a
+        result made from their commit needs it (one read, only for the agent's last
+        commit; a commit to the same version in between fails this one's compare-and-set)."""
+        raw = await self.r.lrange(self.k.calls(state.index), 0, -1)
+        logged = [ToolCallRecord.model_validate_json(r) for r in raw]
+        return state.model_copy(update={"tool_log": [*logged, *state.tool_log]})
 
     async def last_message(self, index: int) -> list[dict[str, Any]]:
         """The agent's last message (as a one-item list), for a tool round that needs it."""

@@ -64,16 +64,19 @@ def advance(loaded: LoadedBatch, state: AgentState, event: Event) -> AgentState:
 
 async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: AgentState,
                  token: str = "", slot_key: str = "", listed: int | None = None,
-                 consumed: Sequence[str] = ()) -> list[Followup]:
+                 consumed: Sequence[str] = (), logged: bool = False) -> list[Followup]:
     """Compare-and-set ``old`` → ``new``, enqueueing its follow-ups in the same script (and
     releasing the turn's lease and inference slot, won or lost). ``consumed``: keys the
     transition uses up besides the round's fan-in hash (a call's lock), deleted if it wins.
+    ``logged``: ``old`` came with the agent's whole tool-call log (a claimed turn); else a
+    terminal ``new`` reads it for the result.
 
     Returns the follow-ups still to send: none, since the commit already pushed them."""
     result_json = ""
     if new.terminal:
         latency = max(time.time() - loaded.plan.created_at, 0.0)
-        result_json = result_from_state(new, latency).model_dump_json()
+        whole = new if logged else await loaded.store.full_log(new)
+        result_json = result_from_state(whole, latency).model_dump_json()
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     if old.status is AgentStatus.AWAITING_TOOLS and len(old.pending_calls) > 1:
         consumed = [loaded.store.k.tool_results(old.index, old.version), *consumed]
@@ -177,7 +180,7 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     except BaseException:
         await asyncio.shield(store.release(index, token, slot_key))
         raise
-    return await commit(ctx, loaded, state, new, token, slot_key, claim.listed)
+    return await commit(ctx, loaded, state, new, token, slot_key, claim.listed, logged=True)
 
 
 async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, token: str,

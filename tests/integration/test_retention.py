@@ -70,7 +70,8 @@ def test_a_finished_batch_expires_whole_and_a_late_reader_gets_batch_expired(
     stored = json.loads(r.hget(k.state, "0").partition(":")[2])  # "<version>:<json>"
     assert stored["status"] == "done" and "messages" not in stored
     assert not [key for key in keys if ":msgs:" in key]  # nor its conversation list
-    assert stored["tool_log"] == [] and stored["output"] == results[0].output.model_dump()
+    assert not [key for key in keys if ":calls:" in key]  # nor its tool-call log
+    assert "tool_log" not in stored and stored["output"] == results[0].output.model_dump()
 
     _wait_until(lambda: _keys(r, handle.batch_id) == [k.gone], 20, "the batch's keys to expire")
     with pytest.raises(BatchExpired, match="expired after 6s"):

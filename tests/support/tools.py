@@ -221,3 +221,13 @@ async def counted_call(key: str, ctx: ToolContext) -> str:
     await _count_redis().hincrby("test:exec:calls", ctx.idempotency_key, 1)
     await asyncio.sleep(float(os.environ.get("TEST_TOOL_SLEEP_S", "0.3")))
     return f"counted-{key}"
+
+
+@tool
+def pad(n: int) -> str:
+    """2 KB of text for round ``n`` (the linear-history test: big tool results, many rounds).
+
+    Args:
+        n: the round.
+    """
+    return (f"round {n}: " + "x" * 2048)[:2048]

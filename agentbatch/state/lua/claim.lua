@@ -1,9 +1,11 @@
 -- Start one turn in one round trip: version check, lease, progress deadline (marked
--- started), the agent's state and conversation, and (when asked) a fleet inference slot.
--- KEYS: state, lease, watch, meta, msgs, sem zset, sem aimd hash
+-- started), the agent's state, conversation and tool-call log, and (when asked) a fleet
+-- inference slot.
+-- KEYS: state, lease, watch, meta, msgs, sem zset, sem aimd hash, calls
 -- ARGV: index, expected_version, token, ttl_ms, now_ms, sem_limit ('' = no slot now),
 --       sem_ttl_ms, watch member ('<batch id>:<index>')
--- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1},
+-- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1,
+-- {tool-call records...}},
 -- {'stale', version}, {'gone'} or {'busy', lease pttl}.
 -- The slot: the holder is the lease token; the commit that ends the turn releases it. Slot
 -- expiry uses now_ms, Redis's own TIME as last synced by the worker (redis_store.now_ms).
@@ -36,4 +38,5 @@ if ARGV[6] ~= '' and cancelled ~= '1' then
     slot = 1
   end
 end
-return {'ok', entry, cancelled, redis.call('LRANGE', KEYS[5], 0, -1), slot, dynamic}
+return {'ok', entry, cancelled, redis.call('LRANGE', KEYS[5], 0, -1), slot, dynamic,
+        redis.call('LRANGE', KEYS[8], 0, -1)}

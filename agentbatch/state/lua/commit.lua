@@ -4,16 +4,18 @@
 -- slot (if still ours), so the agent's next task is never refused as ``busy`` by a lease
 -- nobody renews.
 -- KEYS: state, lease, watch, meta, results, batches, audit, resends, plan, gone, msgs,
---       sem zset (the lease key again when the turn holds no slot), fence,
+--       sem zset (the lease key again when the turn holds no slot), fence, calls,
 --       keys the transition consumes (the round's tool fan-in hash, call locks)...,
 --       queue lists...
--- ARGV: index, expected_version, new_version, state_json (no messages), token, old_status,
---       new_status, terminal ('1'|'0'), result_json, deadline_ms, batch_id, audit ('1'|'0'),
---       retention_ms (when meta has none), tombstone_ms, total, n consumed keys,
---       msg_mode ('' = none new, 'a' = append, 'r' = replace), n, n messages, payloads...
+-- ARGV: index, expected_version, new_version, state_json (no messages, no tool log), token,
+--       old_status, new_status, terminal ('1'|'0'), result_json, deadline_ms, batch_id,
+--       audit ('1'|'0'), retention_ms (when meta has none), tombstone_ms, total,
+--       n consumed keys, msg_mode ('' = none new, 'a' = append, 'r' = replace), n,
+--       n messages, m, m tool-call records, payloads...
 -- History is linear: the state hash holds the agent's scalars, the msgs list its
--- conversation, and a transition RPUSHes only its new messages (O(new), not O(history)).
--- A terminal agent keeps no conversation: its result, appended here, is what readers get.
+-- conversation and the calls list its tool-call log, and a transition RPUSHes only what it
+-- adds to either (O(new), not O(history)).
+-- A terminal agent keeps neither list: its result, appended here, is what readers get.
 -- ``resends`` is not touched: resend.lua counts per version, so a new version starts at 0.
 -- Status counts: only ``n:awaiting_tools`` moves on the transitions within a run (needs_model
 -- is total - delivered - awaiting_tools), and ``n:<terminal status>`` once per agent.
@@ -32,13 +34,15 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3] .. ':' .. ARGV[4])
 -- own compare-and-set, and the next version's claim must not find it busy.
 if token ~= '' then redis.call('DEL', KEYS[2]) end
 local consumed = tonumber(ARGV[16])
-if consumed > 0 then redis.call('DEL', unpack(KEYS, 14, 13 + consumed)) end
+if consumed > 0 then redis.call('DEL', unpack(KEYS, 15, 14 + consumed)) end
 local n = tonumber(ARGV[18])
+local m = tonumber(ARGV[19 + n])
 if ARGV[8] == '1' then
-  redis.call('DEL', KEYS[11])
+  redis.call('DEL', KEYS[11], KEYS[14])
 else
   if ARGV[17] == 'r' then redis.call('DEL', KEYS[11]) end
   if n > 0 then redis.call('RPUSH', KEYS[11], unpack(ARGV, 19, 18 + n)) end
+  if m > 0 then redis.call('RPUSH', KEYS[14], unpack(ARGV, 20 + n, 19 + n + m)) end
 end
 if ARGV[6] ~= ARGV[7] then
   if ARGV[6] == 'awaiting_tools' then
@@ -71,8 +75,8 @@ if ARGV[8] == '1' then
 else
   redis.call('ZADD', KEYS[3], queued_at(ARGV[10]), member)
 end
-local first_queue = 13 + consumed
+local first_queue = 14 + consumed
 for j = first_queue + 1, #KEYS do
-  redis.call('LPUSH', KEYS[j], ARGV[18 + n + j - first_queue])
+  redis.call('LPUSH', KEYS[j], ARGV[19 + n + m + j - first_queue])
 end
 return 1
