@@ -102,6 +102,11 @@ class ModelRequest(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1)
 
 
+# ``ModelResponse.finish_reason`` of a streamed reply the client stopped because it looped
+# (``backends/loop_guard.py``); the turn machine answers it as it does a cut-off ("length").
+FINISH_LOOP = "loop"
+
+
 class ModelResponse(BaseModel):
     """What a backend returns for one model turn."""
 

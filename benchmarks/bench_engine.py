@@ -19,7 +19,9 @@ machine), one throwaway redis-server and a distributed fleet (2 inference + 1 to
 ``agentbatch worker`` processes), then runs, round-robin per round (the starting system rotates
 each round), every system on every workload against that same server:
 
-* ``embedded``: ``arun_batch`` with a ``llamacpp://`` backend;
+* ``embedded``: ``arun_batch`` with a ``llamacpp://`` backend (which streams turns by
+  default, so a reply that loops is stopped: ``backends/loop_guard.py``);
+* ``embedded_unstreamed``: the same with ``?stream=0``: whole replies, no loop guard;
 * ``distributed``: ``submit_batch(..., redis_url=...).wait()`` on the fleet (fleet start-up is
   outside the timed window, as a deployed fleet would be running already);
 * ``naive``: ``asyncio.gather`` over one aiohttp loop per agent (the ``openai`` package is not
@@ -29,7 +31,8 @@ each round), every system on every workload against that same server:
   schema, same system text, same rendering of tool results) but runs every tool call itself:
   no coalescing;
 * ``embedded_stream`` / ``naive_stream``: the same with every turn streamed (``?stream=1`` on
-  the backend URL; ``"stream": true`` and an SSE reader in the naive loop), for TTFT: the
+  the backend URL, as ``embedded`` now does by default; ``"stream": true`` and an SSE reader
+  in the naive loop), for TTFT: the
   backend's ``ModelResponse.ttft_s`` (heard through ``llamacpp.observe_ttft``) and, naive, the
   time to the first content delta. Only on ``--stream-workloads``;
 * ``batch_agent``: ``batch-agent`` 0.2.0 from PyPI, ``vllm://`` backend pointed at the same
@@ -82,7 +85,8 @@ from tests.engine.reviews import TASK as TASK_A
 from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
-SYSTEMS = ("embedded", "distributed", "naive", "batch_agent", "embedded_stream", "naive_stream")
+SYSTEMS = ("embedded", "embedded_unstreamed", "distributed", "naive", "batch_agent",
+           "embedded_stream", "naive_stream")
 STREAMED = ("embedded_stream", "naive_stream")
 WORKER_IMPORTS = "benchmarks.bench_engine,agentbatch.toolpool.builtins"
 
@@ -199,11 +203,19 @@ def _tally(results: list[Any], schema: type[BaseModel]) -> dict[str, Any]:
                               for r in results if not r.ok and r.error})[:3]}
 
 
-async def run_embedded(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+async def run_embedded(ctx: dict[str, Any], workload: str, n: int,
+                       url_options: str = "") -> dict[str, Any]:
     kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
     task = kw.pop("task")
-    results = await arun_batch(task, kw.pop("inputs"), backend=ctx["llamacpp_url"], **kw)
+    results = await arun_batch(task, kw.pop("inputs"),
+                               backend=ctx["llamacpp_url"] + url_options, **kw)
     return _tally(results, kw["output_schema"])
+
+
+async def run_embedded_unstreamed(ctx: dict[str, Any], workload: str,
+                                  n: int) -> dict[str, Any]:
+    """``embedded`` reading whole replies (``?stream=0``), so without the loop guard."""
+    return await run_embedded(ctx, workload, n, "?stream=0")
 
 
 async def run_embedded_stream(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
@@ -389,7 +401,8 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
                               for r in results if not r.ok and r.error})[:3]}
 
 
-RUNNERS = {"embedded": run_embedded, "distributed": run_distributed, "naive": run_naive,
+RUNNERS = {"embedded": run_embedded, "embedded_unstreamed": run_embedded_unstreamed,
+           "distributed": run_distributed, "naive": run_naive,
            "batch_agent": run_batch_agent, "embedded_stream": run_embedded_stream,
            "naive_stream": run_naive_stream}
 

@@ -19,11 +19,12 @@ from typing import Any
 import httpx
 
 from ..errors import BackendError, BackendTimeout, ServerError
-from ..model_io import ModelRequest, ModelResponse
+from ..model_io import FINISH_LOOP, ModelRequest, ModelResponse
 from .aiohttp_session import AiohttpSession
 from .base import BackendCapabilities, ServerLoad
 from .batch_prompting import run_batch
 from .http_session import HttpSession
+from .loop_guard import LoopGuard
 from .openai_parse import parse_chat_completion
 from .prom import PrefixCounters, parse_server_load
 from .sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, ToolCallListener
@@ -70,7 +71,9 @@ class OpenAICompatBackend:
     """``Backend`` over ``POST {base}/v1/chat/completions``.
 
     ``stream=True`` asks for SSE (with ``stream_options.include_usage``) and fills
-    ``ModelResponse.ttft_s``; ``on_tool_call`` (or, per task, the ``sse.ON_TOOL_CALL`` context
+    ``ModelResponse.ttft_s``; a streamed JSON reply that loops inside a string is stopped
+    there (``finish_reason="loop"``, answered like a cut-off reply) unless
+    ``stop_loops=False``; ``on_tool_call`` (or, per task, the ``sse.ON_TOOL_CALL`` context
     variable, which wins) hears each tool call as soon as its arguments are complete.
     """
 
@@ -84,6 +87,7 @@ class OpenAICompatBackend:
         capabilities: BackendCapabilities | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         stream: bool = False,
+        stop_loops: bool = True,
         on_tool_call: ToolCallListener | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -97,6 +101,7 @@ class OpenAICompatBackend:
         self.timeout = float(timeout) if timeout else DEFAULT_TIMEOUT_S
         self.max_connections = max_connections
         self.stream = stream
+        self.stop_loops = stop_loops
         self.on_tool_call = on_tool_call
         self._clock = clock
         self._api_key = api_key or target.api_key
@@ -193,12 +198,20 @@ class OpenAICompatBackend:
         decoder = SSEDecoder()
         started = self._clock()
         ttft: float | None = None
+        # A JSON reply whose string value loops is stopped (loop_guard.py): leaving the
+        # stream unread closes the connection, and the server stops generating.
+        guard = LoopGuard() if request.json_schema and self.stop_loops else None
+        seen = 0  # assembler.text_parts already shown to the guard
 
         def feed(events: list[str]) -> None:
-            nonlocal ttft
+            nonlocal ttft, seen
             for data in events:
                 if assembler.feed_data(data) and ttft is None:
                     ttft = self._clock() - started
+            if guard is not None and len(assembler.text_parts) > seen:
+                pieces, seen = assembler.text_parts[seen:], len(assembler.text_parts)
+                if guard.feed("".join(pieces)) and assembler.finish_reason is None:
+                    assembler.finish_reason = FINISH_LOOP
 
         async def read() -> None:
             async with self._session.post_lines(
@@ -206,7 +219,7 @@ class OpenAICompatBackend:
             ) as lines:
                 async for line in lines:
                     feed(decoder.feed(line))
-                    if assembler.done:
+                    if assembler.done or assembler.finish_reason == FINISH_LOOP:
                         return
             feed(decoder.flush())
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Backend
-from .urls import BackendTarget, parse_backend_url
+from .urls import STREAMABLE_SCHEMES, BackendTarget, parse_backend_url
 
 # scheme -> "module:factory"; the factory is called as factory(target, **options).
 _DRIVERS: dict[str, str] = {
@@ -55,9 +55,10 @@ def backend_from_url(
     """A backend for ``url`` (see ``urls.KNOWN_SCHEMES``).
 
     ``timeout`` is the default per-turn deadline in seconds (a request's own ``timeout_s``
-    wins); ``api_key`` overrides the environment. ``?stream=1`` on an OpenAI-compatible URL
-    builds the driver with ``stream=True`` (only then is ``stream`` passed, so drivers that
-    cannot stream need not accept it). ``trust_key_env=False`` on workers: see
+    wins); ``api_key`` overrides the environment. ``?stream=1`` or ``?stream=0`` on an
+    OpenAI-compatible URL builds the driver with ``stream=True`` or ``False`` (only then is
+    ``stream`` passed, so drivers that cannot stream need not accept it, and a driver keeps
+    its own default without it). ``trust_key_env=False`` on workers: see
     ``parse_backend_url``. Raises ``BatchSpecError`` for a malformed
     URL and ``ConfigError`` for a missing key or an unavailable driver.
     """
@@ -67,8 +68,8 @@ def backend_from_url(
         raise ConfigError(f"the {target.scheme}:// backend is not implemented yet")
     factory = _load(target.scheme, path)
     options: dict[str, Any] = {}
-    if target.stream:
-        options["stream"] = True
+    if target.stream is not None and target.scheme in STREAMABLE_SCHEMES:
+        options["stream"] = target.stream
     return factory(
         target, timeout=timeout, max_connections=max_connections, api_key=api_key, **options
     )

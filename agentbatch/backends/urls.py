@@ -6,8 +6,10 @@ Parsing is strict and happens before anything is sent, so a typo fails the batch
 a ``BatchSpecError`` instead of failing every agent at run time.
 
 Query options: ``?model=NAME`` (a default model) and, on OpenAI-compatible URLs, ``?stream=1``
-(stream chat completions, which measures time-to-first-token; off by default because a
-non-streamed reply costs the client less CPU); on ``openai://`` and ``anthropic://`` URLs,
+or ``?stream=0`` (stream chat completions, which measures time-to-first-token and lets the
+loop guard stop a runaway reply; off by default because a non-streamed reply costs the
+client less CPU, except on ``llamacpp://``, see ``llamacpp.py``); on ``openai://`` and
+``anthropic://`` URLs,
 ``?api_key_env=NAME`` (the variable holding that host's key, see ``api_keys``). Any other
 query parameter is refused: the URL is stored in the plan in Redis, so ``?api_key=`` must
 never be accepted there.
@@ -55,7 +57,9 @@ class BackendTarget:
     raw: str
     region: str | None = None
     model: str | None = None
-    stream: bool = False  # ``?stream=1``: stream chat completions (TTFT measured)
+    # ``?stream=1`` / ``?stream=0``: stream chat completions (TTFT measured, loop guard);
+    # None: the driver's default
+    stream: bool | None = None
     # Kept out of repr/eq so a target can be logged or compared without leaking the key.
     api_key: str | None = field(default=None, repr=False, compare=False)
     key_env: str | None = None  # ``?api_key_env=``: the NAME of the key's variable, never a key
@@ -146,7 +150,7 @@ def parse_backend_url(
     target = _parse_target(url, raw, parts, base_scheme, transport, query_model)
     if base_scheme in OFFICIAL:
         target = _with_key(target, api_key, key_env, trust_key_env)
-    return replace(target, stream=stream) if stream else target
+    return replace(target, stream=stream) if stream is not None else target
 
 
 def _check_query(parts: SplitResult, query: dict[str, list[str]]) -> None:
@@ -192,10 +196,11 @@ def _with_key(
     return replace(target, api_key=key, key_env=key_env)
 
 
-def _parse_stream(url: str, values: list[str] | None) -> bool:
-    """``?stream=`` as a bool; anything but a plain yes/no is a spec error, not a silent no."""
+def _parse_stream(url: str, values: list[str] | None) -> bool | None:
+    """``?stream=`` as a bool (None when absent); anything but a plain yes/no is a spec
+    error, not a silent no."""
     if not values:
-        return False
+        return None
     value = values[-1].strip().lower()
     if value in _TRUE:
         return True

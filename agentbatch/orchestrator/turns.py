@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model_io import Message, ModelResponse, ToolCall, ToolOutcome
+from ..model_io import FINISH_LOOP, Message, ModelResponse, ToolCall, ToolOutcome
 from ..results import AgentError, ToolCallRecord
 from .agent_state import AgentState, AgentStatus
 from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
@@ -28,6 +28,9 @@ REPAIR_PROMPT = (
 # repair turn after a 96-token runaway computed 186 prompt tokens, 96 of them that reply.
 CUT_REPLY_KEEP = 60
 CUT_REPLY_ERROR = "it was cut off at the token limit before it ended; give a shorter answer"
+# A streamed reply stopped because it repeated itself (FINISH_LOOP) is answered the same way.
+LOOP_REPLY_ERROR = "it kept repeating the same text and was stopped; give a short answer"
+CUT_REPLY_ERRORS = {"length": CUT_REPLY_ERROR, FINISH_LOOP: LOOP_REPLY_ERROR}
 TOO_MANY_CALLS = (
     "too many tool calls in one reply; at most {cap} run per turn. This call was not run; "
     "make it again in a later turn if you still need it."
@@ -182,8 +185,8 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
         return _end(state, AgentStatus.DONE, None, text=resp.text, output=parsed.value, **common)
     if state.retries < policy.max_retries:
         error = parsed.error
-        if resp.finish_reason == "length":
-            error = CUT_REPLY_ERROR
+        if resp.finish_reason in CUT_REPLY_ERRORS:
+            error = CUT_REPLY_ERRORS[resp.finish_reason]
             common["messages"] = [*state.messages, _cut_reply(resp.text or "")]
         repair = {"role": "user", "content": REPAIR_PROMPT.format(error=error)}
         common["messages"] = [*common["messages"], repair]

@@ -120,7 +120,7 @@ def test_llama_server_takes_the_grammar_and_replies_compactly(llama_server: Any)
     """Every reply is valid, compact JSON; the same value pretty-printed, as llama.cpp's own
     schema grammar lets SmolLM2 write it, is more tokens (counted by the server)."""
     url = llama_server.http_url
-    backend = backend_from_url(llama_server.llamacpp_url)
+    backend = backend_from_url(llama_server.llamacpp_url + "?stream=0")  # whole replies here
     schema = Verdict.model_json_schema()
     compact = pretty = 0
     for i, text in enumerate(REVIEWS[:4]):

@@ -27,6 +27,7 @@ from agentbatch import submit_batch
 from agentbatch.backends.batch_prompting import ServerTemplate
 from agentbatch.backends.gbnf import to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
+from agentbatch.backends.registry import backend_from_url
 from agentbatch.errors import BatchSpecError, ConfigError
 from agentbatch.model_io import ModelRequest
 from agentbatch.orchestrator.compile import compile_batch
@@ -142,17 +143,29 @@ class FakeLlamaServer:
             "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26},
         })
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record("chat", body)
         text = self._answer(body["messages"][-1]["content"], constraint(body))
-        return web.json_response({
-            "id": "c1", "object": "chat.completion", "model": "smol",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26,
-                      "prompt_tokens_details": {"cached_tokens": 16}},
-        })
+        usage = {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26,
+                 "prompt_tokens_details": {"cached_tokens": 16}}
+        if not body.get("stream"):
+            return web.json_response({
+                "id": "c1", "object": "chat.completion", "model": "smol",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": usage})
+        # streamed as llama-server does: content deltas, the finish reason, usage, [DONE]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunks = [{"choices": [{"index": 0, "delta": {"content": text[i:i + 4]},
+                                "finish_reason": None}]} for i in range(0, len(text), 4)]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                   {"choices": [], "usage": usage}]
+        for chunk in chunks:
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -289,6 +302,23 @@ async def test_id_slot_pins_each_agent_to_one_slot(llama: FakeLlamaServer) -> No
     assert [b["id_slot"] for b in bodies[:4]] == [0, 1, 2, 0]  # agent index mod total_slots
     assert all(b["cache_prompt"] is True for b in bodies)
     assert "id_slot" not in bodies[4]
+
+
+async def test_turns_are_streamed_unless_the_url_says_stream_0(llama: FakeLlamaServer) -> None:
+    """Only a streamed reply can be stopped when it loops (``loop_guard``), so llamacpp://
+    streams by default; ``?stream=0`` reads whole replies."""
+    schema = {"name": "Answer", "schema": Answer.model_json_schema()}
+    for url, streamed in ((llama.url, True), (f"{llama.url}?stream=0", False)):
+        backend = backend_from_url(url)
+        try:
+            resp = await backend.complete(ModelRequest(
+                model="smol", messages=[{"role": "user", "content": "Question 7."}],
+                json_schema=schema))
+        finally:
+            await backend.aclose()  # type: ignore[attr-defined]
+        assert json.loads(resp.text or "") == {"answer": "a7"}
+        assert resp.finish_reason == "stop" and resp.usage.completion_tokens == 6
+        assert bool(llama.bodies["chat"][-1].get("stream")) is streamed
 
 
 # -- refusals at submit -----------------------------------------------------------------------

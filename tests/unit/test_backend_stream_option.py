@@ -38,10 +38,24 @@ def test_stream_query_turns_streaming_on(url: str) -> None:
     assert "stream" not in t.base_url and "?" not in t.base_url
 
 
-@pytest.mark.parametrize("url", ["vllm://h:8000", "vllm://h:8000?stream=0",
-                                 "sim://h:1?stream=false&model=m"])
-def test_streaming_is_off_unless_asked(url: str) -> None:
+@pytest.mark.parametrize("url", ["vllm://h:8000?stream=0", "sim://h:1?stream=false&model=m",
+                                 "llamacpp://h:1?stream=0"])
+def test_stream_query_turns_streaming_off(url: str) -> None:
     assert parse_backend_url(url).stream is False
+
+
+@pytest.mark.parametrize(("url", "streams"), [("vllm://h:8000", False), ("sim://h:1", False),
+                                              ("http://h:1/v1", False),
+                                              ("llamacpp://h:1", True),
+                                              ("llamacpp://h:1?stream=0", False)])
+async def test_without_the_option_each_driver_keeps_its_default(url: str, streams: bool) -> None:
+    """Off, except on llama.cpp, where only a streamed reply can be stopped when it loops."""
+    assert parse_backend_url(url.split("?")[0]).stream is None
+    backend = backend_from_url(url)
+    try:
+        assert backend.stream is streams  # type: ignore[attr-defined]
+    finally:
+        await backend.aclose()  # type: ignore[attr-defined]
 
 
 def test_model_and_stream_together() -> None:

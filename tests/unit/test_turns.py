@@ -3,12 +3,13 @@
 import pytest
 from pydantic import BaseModel
 
-from agentbatch.model_io import ModelResponse, ToolCall, ToolOutcome, Usage
+from agentbatch.model_io import FINISH_LOOP, ModelResponse, ToolCall, ToolOutcome, Usage
 from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
 from agentbatch.orchestrator.output import OutputContract
 from agentbatch.orchestrator.turns import (
     CUT_REPLY_ERROR,
     CUT_REPLY_KEEP,
+    LOOP_REPLY_ERROR,
     Abandoned,
     CallModel,
     Cancelled,
@@ -156,3 +157,13 @@ def test_a_reply_cut_off_at_the_token_limit_goes_back_shortened():
     s2 = step(policy(), fresh(), reply('{"answer": "x"}'))
     assert s2.messages[-2] == {"role": "assistant", "content": '{"answer": "x"}'}
     assert CUT_REPLY_ERROR not in s2.messages[-1]["content"]
+
+
+def test_a_reply_stopped_because_it_looped_is_answered_like_a_cut_off_one():
+    looped = '{"answer": "' + "ticket_1009_" * 5
+    s = step(policy(), fresh(), ModelReplied(ModelResponse(text=looped,
+                                                           finish_reason=FINISH_LOOP)))
+    assert s.repairing and s.retries == 1
+    kept, repair = s.messages[-2:]
+    assert kept == {"role": "assistant", "content": looped[:CUT_REPLY_KEEP] + " [...]"}
+    assert LOOP_REPLY_ERROR in repair["content"]
