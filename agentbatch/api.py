@@ -55,6 +55,7 @@ def _batch_options(
     batch_prompting: bool = False,
     max_server_waiting: int | None = None,
     tool_calling: str = "native",
+    tool_choice: str = "auto",
 ) -> BatchOptions:
     """Collect the arguments; environment variables fill in what the call leaves out.
 
@@ -92,6 +93,10 @@ def _batch_options(
             ``{"tool_calls": [{"name", "arguments"}, ...]}`` or ``{"final": <answer>}``
             (no native tools sent; for servers or templates without reliable tool calls).
             ``"auto"``: json when a backend cannot force a native tool call (llama.cpp).
+        tool_choice: ``"auto"``: the model decides each turn. ``"required"``: an agent must
+            call a tool before its final answer (every turn until its first tool results
+            is a tool call). In json mode the turn's schema allows only tool calls; in native
+            mode a backend that does not enforce it is refused.
 
     Raises:
         BatchSpecError: a bad argument, named in the message (with the input index where
@@ -114,7 +119,7 @@ def _batch_options(
         batch_id=batch_id, checkpoint_dir=checkpoint_dir,
         native_json_schema=native_json_schema, warm_prefix=warm_prefix,
         batch_prompting=batch_prompting, max_server_waiting=max_server_waiting,
-        tool_calling=tool_calling,
+        tool_calling=tool_calling, tool_choice=tool_choice,
     )
 
 

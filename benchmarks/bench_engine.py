@@ -63,9 +63,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-import aiohttp
+from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
 from agentbatch import arun_batch, submit_batch, tool
@@ -100,11 +100,19 @@ SYSTEM_B = ("You are a shop assistant. You do not know any prices: to learn the 
             "item, call the price tool with the item's name. After the tool result arrives, "
             "give the final answer with the item and its price.")
 TASK_B = "What is the price of the {item}? (ticket {i})"
-ITEMS = ["kettle", "toaster", "blender", "mixer"]  # 40 agents: each key shared 10 ways
+# 40 agents: each key shared 10 ways. The tool takes the item's name from this list (an
+# ``enum`` in its schema, as a shop's catalogue would): with a free string SmolLM2-135M wrote
+# names such as "the_item_name_2004_2005_2006..." until the loop guard or max_tokens stopped
+# it, so no two agents shared a key and most never got a tool result.
+Item = Literal["kettle", "toaster", "blender", "mixer"]
+ITEMS: list[str] = list(get_args(Item))
 TOOL_S = 0.2
 # The task needs one call per reply; told so, agentbatch's turn grammar allows one call, and
 # SmolLM2 stops repeating the call (it repeated it 2-4 times per reply without the cap).
 MAX_CALLS_B = 1
+# The naive loop allows one repair turn per agent; agentbatch gets the same budget, so both
+# do the same work (agentbatch's default is 2).
+MAX_RETRIES = 1
 
 
 class Verdict(BaseModel):
@@ -120,20 +128,16 @@ class PriceReport(BaseModel):
 EXECUTIONS: dict[str, int] = {}  # tool executions in this process (not the workers)
 
 
-async def _price_body(item: str) -> str:
-    """The price of an item (200 ms; cacheable, so agentbatch shares it within a batch).
-
-    Args:
-        item: the item's name.
-    """
+async def _price_body(item: Item) -> str:
+    """The tool's work (200 ms), also run by the naive loop, once per call."""
     EXECUTIONS[item] = EXECUTIONS.get(item, 0) + 1
     await asyncio.sleep(TOOL_S)
     return f"{item} costs 12 euros"
 
 
-@tool(cacheable=True)
-async def price(item: str) -> str:
-    """The price of an item (200 ms; cacheable, so agentbatch shares it within a batch).
+@tool(cacheable=True)  # 200 ms; cacheable, so agentbatch shares it within a batch
+async def price(item: Item) -> str:
+    """The price of an item in the shop.
 
     Args:
         item: the item's name.
@@ -186,10 +190,12 @@ def _ab_kwargs(workload: str, n: int, max_tokens: int, run: int) -> dict[str, An
     common: dict[str, Any] = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0.0}
     if workload == "structured":
         return {"task": TASK_A, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_A,
-                "output_schema": Verdict, "max_turns": 2, **common}
+                "output_schema": Verdict, "max_turns": 2, "max_retries": MAX_RETRIES,
+                **common}
     return {"task": TASK_B, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_B,
             "output_schema": PriceReport, "tools": [price], "tool_calling": "json",
-            "max_turns": 3, "max_tool_calls_per_turn": MAX_CALLS_B, **common}
+            "tool_choice": "required", "max_turns": 3, "max_retries": MAX_RETRIES,
+            "max_tool_calls_per_turn": MAX_CALLS_B, **common}
 
 
 def _tally(results: list[Any], schema: type[BaseModel]) -> dict[str, Any]:
@@ -249,59 +255,39 @@ def _rf(schema: dict[str, Any], name: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
-async def _naive_chat(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+async def _naive_chat(client: AsyncOpenAI, body: dict[str, Any],
                       ttfts: list[float] | None) -> str:
-    """One chat completion, retried twice on a dropped connection as the ``openai`` client
-    does by default (llama-server closes some connections after a stream, and a pooled one
-    fails on its next write: ``Can not write request body``)."""
-    for attempt in range(3):
-        try:
-            return await _naive_chat_once(session, url, body, ttfts)
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-async def _naive_chat_once(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                           ttfts: list[float] | None) -> str:
-    """One chat completion as a user writes it; streamed (SSE) when ``ttfts`` is given, which
-    then gets the time to the first content delta."""
+    """One chat completion as a user writes it with ``AsyncOpenAI`` (its own retries: 2);
+    streamed when ``ttfts`` is given, which then gets the time to the first content delta."""
     if ttfts is None:
-        async with session.post(url, json=body) as resp:
-            resp.raise_for_status()
-            data = await resp.json()
-        return data["choices"][0]["message"].get("content") or ""
+        reply = await client.chat.completions.create(**body)
+        return reply.choices[0].message.content or ""
     parts: list[str] = []
     started = time.perf_counter()
-    async with session.post(url, json={**body, "stream": True}) as resp:
-        resp.raise_for_status()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data_s = line[5:].strip()
-            if data_s == "[DONE]":
-                continue  # read to the end, so the connection goes back to the pool clean
-            chunk = json.loads(data_s)
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    if not parts:
-                        ttfts.append(time.perf_counter() - started)
-                    parts.append(piece)
+    stream = await client.chat.completions.create(**body, stream=True)
+    async for chunk in stream:
+        for choice in chunk.choices:
+            piece = choice.delta.content
+            if piece:
+                if not parts:
+                    ttfts.append(time.perf_counter() - started)
+                parts.append(piece)
     return "".join(parts)
 
 
-async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, Any],
-                       workload: str, item: dict[str, Any], tally: dict[str, int],
+async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
+                       item: dict[str, Any], tally: dict[str, int],
                        ttfts: list[float] | None = None) -> bool:
-    """One agent, written by hand: model turn, tools, model turn, validate, one repair."""
+    """One agent, written by hand: model turn, tools, model turn, validate, one repair.
+
+    On (b) it speaks the json tool protocol agentbatch speaks, and forces the tool call as
+    agentbatch's ``tool_choice="required"`` does: until the agent has called the tool, the
+    turn's schema allows only calls."""
     if workload == "structured":
         schema: type[BaseModel] = Verdict
         system = system_message(SYSTEM_A, OutputContract(Verdict))
         task = TASK_A.format(**item)
-        turn_schema = final_schema = schema.model_json_schema()
+        turn_schema = final_schema = calls_schema = schema.model_json_schema()
     else:
         schema = PriceReport
         tools = [price.openai_schema()]
@@ -310,15 +296,18 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
         task = TASK_B.format(**item)
         turn_schema = union_schema(tools, out)
         final_schema = union_schema(tools, out, allow_tools=False)
+        calls_schema = union_schema(tools, out, allow_final=False)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": task}]
     repaired = called = False
     for turn in range(4):
+        if workload == "tools" and not called:
+            turn_rf = calls_schema
+        else:
+            turn_rf = final_schema if repaired or turn >= 2 else turn_schema
         body = {"model": MODEL, "messages": messages, "max_tokens": ctx["max_tokens"],
-                "temperature": 0.0,
-                "response_format": _rf(final_schema if repaired or turn >= 2 else turn_schema,
-                                       "agent_turn")}
-        content = await _naive_chat(session, url, body, ttfts)
+                "temperature": 0.0, "response_format": _rf(turn_rf, "agent_turn")}
+        content = await _naive_chat(client, body, ttfts)
         tally["turns"] += 1
         try:
             obj = json.loads(content)
@@ -339,10 +328,12 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
                              "content": "\n".join([RESULTS_HEADER, *lines, RESULTS_FOOTER])})
             continue
         try:
+            if workload == "tools" and not called:
+                raise ValueError("no tool call")
             value = obj["final"] if workload == "tools" else obj
             schema.model_validate(value)
             return True
-        except (ValidationError, TypeError, KeyError) as exc:
+        except (ValidationError, ValueError, TypeError, KeyError) as exc:
             if repaired:
                 return False
             repaired = True
@@ -355,12 +346,14 @@ async def _naive_agent(session: aiohttp.ClientSession, url: str, ctx: dict[str, 
 
 async def run_naive(ctx: dict[str, Any], workload: str, n: int,
                     ttfts: list[float] | None = None) -> dict[str, Any]:
-    url = ctx["http_url"] + "/v1/chat/completions"
     tally = {"turns": 0, "tool_calls": 0, "agents_calling_tools": 0, "repairs": 0}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    client = AsyncOpenAI(base_url=ctx["http_url"] + "/v1", api_key="none")
+    try:
         results = await asyncio.gather(
-            *(_naive_agent(session, url, ctx, workload, item, tally, ttfts)
+            *(_naive_agent(client, ctx, workload, item, tally, ttfts)
               for item in inputs(workload, n, ctx["run"])), return_exceptions=True)
+    finally:
+        await client.close()
     errors = sorted({f"{type(r).__name__}: {r}"[:160] for r in results
                      if isinstance(r, BaseException)})[:3]
     return {"valid": sum(1 for r in results if r is True), **tally, "tool_calls_shared": 0,
@@ -617,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                          "temperature": 0.0, "parallel_slots": args.parallel,
                          "tool_s": TOOL_S, "distinct_tool_keys": len(ITEMS),
                          "distributed_fleet": "2 inference workers (40 threads) + 1 tool worker",
-                         "naive_http_client": "aiohttp (openai package not installed)",
+                         "naive_client": "openai.AsyncOpenAI (defaults: 2 retries)",
                          "batch_agent": "vllm:// backend, max_retries=1, defaults otherwise",
                          "batch_agent_rounds": args.peer_rounds,
                          "agentbatch_tools_max_tool_calls_per_turn": MAX_CALLS_B,

@@ -74,6 +74,8 @@ def build_body(
         body["tools"] = tools
         if request.tool_choice in ("auto", "none"):
             body["tool_choice"] = {"type": request.tool_choice}
+        elif request.tool_choice == "required":  # Anthropic's name for "some tool"
+            body["tool_choice"] = {"type": "any"}
     if request.temperature is not None:
         body["temperature"] = request.temperature
     return body

@@ -107,6 +107,8 @@ def _tool_config(
     config: dict[str, Any] = {"tools": tools}
     if request.tool_choice == "auto":
         config["toolChoice"] = {"auto": {}}
+    elif request.tool_choice == "required":  # Converse's name for "some tool"
+        config["toolChoice"] = {"any": {}}
     return config
 
 

@@ -26,6 +26,7 @@ from .json_tool_calling import mode_for_backends
 from .options import BatchOptions
 from .output import OutputContract
 from .plan import BatchPlan, ToolRef
+from .tool_choice import check_backends as check_tool_choice_backends
 from .validate import check_inputs, check_options, check_tools
 
 
@@ -123,6 +124,7 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
     contract = OutputContract(opts.output_schema)
     tool_calling = mode_for_backends(opts.tool_calling, backends, has_tools=bool(tools),
                                      native_json_schema=opts.native_json_schema)
+    check_tool_choice_backends(opts.tool_choice, tool_calling, backends)
     if opts.batch_prompting:  # json-mode tool turns are plain text: those can be batched
         check_batch_prompting(backends, has_tools=bool(tools) and tool_calling != "json")
     system = system_message(opts.system_prompt, contract)
@@ -153,6 +155,7 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         max_server_waiting=opts.max_server_waiting,
         max_tool_calls_per_turn=opts.max_tool_calls_per_turn,
         tool_calling=tool_calling,
+        tool_choice=opts.tool_choice,
         created_at=time.time(),
     )
     states = [

@@ -152,8 +152,10 @@ def _tool_parts(tool_schemas: list[dict[str, Any]]) -> list[tuple[str, str, dict
 
 
 def union_schema(tool_schemas: list[dict[str, Any]], output_schema: dict[str, Any] | None,
-                 *, allow_tools: bool = True, max_calls: int | None = None) -> dict[str, Any]:
-    """The one schema a json-mode turn must fit (only the final form when tools are off)."""
+                 *, allow_tools: bool = True, allow_final: bool = True,
+                 max_calls: int | None = None) -> dict[str, Any]:
+    """The one schema a json-mode turn must fit: only the final form when tools are off, only
+    the calls form when a tool call is required (``tool_choice="required"``)."""
     defs: dict[str, Any] = {}
     final_value = (_lift_defs(output_schema, "output_", defs) if output_schema is not None
                    else {"type": "string"})
@@ -176,7 +178,8 @@ def union_schema(tool_schemas: list[dict[str, Any]], output_schema: dict[str, An
             array["maxItems"] = max_calls
         variants.append({"type": "object", "properties": {"tool_calls": array},
                          "required": ["tool_calls"], "additionalProperties": False})
-    variants.append(final)
+    if allow_final or not variants:  # a turn always has some form to fill
+        variants.append(final)
     schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
     if defs:
         schema = {**schema, "$defs": defs}
@@ -210,6 +213,7 @@ def instructions(tool_schemas: list[dict[str, Any]], output_schema: dict[str, An
 class _Schemas:
     tools: dict[str, Any]  # tool calls or the final answer
     final: dict[str, Any]  # repair turns: the final answer only
+    calls: dict[str, Any]  # tool_choice="required" turns: tool calls only
 
 
 _CACHE: dict[tuple[str, float], tuple[int, _Schemas]] = {}
@@ -225,6 +229,8 @@ def _schemas(plan: Any) -> _Schemas:
         tools=union_schema(plan.tool_schemas, plan.output_json_schema,
                            max_calls=plan.max_tool_calls_per_turn),
         final=union_schema(plan.tool_schemas, plan.output_json_schema, allow_tools=False),
+        calls=union_schema(plan.tool_schemas, plan.output_json_schema, allow_final=False,
+                           max_calls=plan.max_tool_calls_per_turn),
     )
     if len(_CACHE) >= 256:
         _CACHE.clear()
@@ -286,15 +292,17 @@ def render_history(messages: list[Message]) -> list[Message]:
     return out
 
 
-def adapt_request(plan: Any, request: ModelRequest, *, allow_tools: bool) -> ModelRequest:
+def adapt_request(plan: Any, request: ModelRequest, *, allow_tools: bool,
+                  require_tools: bool = False) -> ModelRequest:
     """``request`` (rendered for native tools) as a json-mode request."""
     schemas = _schemas(plan)
+    schema = (schemas.calls if require_tools else schemas.tools if allow_tools
+              else schemas.final)
     return request.model_copy(update={
         "messages": render_history(request.messages),
         "tools": [],
         "tool_choice": None,
-        "json_schema": {"name": SCHEMA_NAME,
-                        "schema": schemas.tools if allow_tools else schemas.final},
+        "json_schema": {"name": SCHEMA_NAME, "schema": schema},
     })
 
 

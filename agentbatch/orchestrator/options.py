@@ -39,6 +39,7 @@ class BatchOptions:
     max_server_waiting: int | None = None
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
     tool_calling: str = "native"
+    tool_choice: str = "auto"
     redis_url: str | None = None
     batch_id: str | None = None
     checkpoint_dir: str | None = None

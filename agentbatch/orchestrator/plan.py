@@ -47,6 +47,8 @@ class BatchPlan(BaseModel):
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
     # "native" or "json" (resolved from "auto" at submit): see ``json_tool_calling``.
     tool_calling: str = "native"
+    # "auto" or "required" (a tool call before the final answer): see ``tool_choice``.
+    tool_choice: str = "auto"
     created_at: float = 0.0
 
     @property

@@ -24,7 +24,8 @@ def build_request(plan: BatchPlan, state: AgentState, action: CallModel) -> Mode
     )
     tool_choice = None
     if plan.has_tools:
-        tool_choice = "auto" if action.allow_tools else "none"
+        tool_choice = ("required" if action.require_tools
+                       else "auto" if action.allow_tools else "none")
     return ModelRequest(
         model=plan.model,
         messages=[*prefix_messages(plan), *state.messages],

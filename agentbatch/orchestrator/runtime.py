@@ -82,4 +82,5 @@ class BatchRuntime:
             parse_output=(final_parser(self.contract) if self.plan.tool_calling == "json"
                           else self.contract.parse),
             max_tool_calls_per_turn=self.plan.max_tool_calls_per_turn,
+            require_tool_call=self.plan.tool_choice == "required",
         )

@@ -26,7 +26,8 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     request = build_request(rt.plan, state, action)
     json_tools = rt.plan.tool_calling == "json"
     if json_tools:  # tools as one guided-JSON union, at this edge: the loop stays the same
-        request = adapt_request(rt.plan, request, allow_tools=action.allow_tools)
+        request = adapt_request(rt.plan, request, allow_tools=action.allow_tools,
+                                require_tools=action.require_tools)
     # One budget for the agent: HTTP retries inside this call count against max_retries, so
     # max_retries=0 means one attempt, and timeout_per_turn bounds all of this call's attempts.
     request.max_attempts = max(rt.policy.max_retries - state.retries, 0) + 1

@@ -21,6 +21,12 @@ REPAIR_PROMPT = (
     "Your previous reply could not be used: {error}\n"
     "Reply again with only the corrected final answer."
 )
+# tool_choice="required": until the agent has called a tool, a reply must be a tool call.
+REPAIR_TOOL_PROMPT = (
+    "Your previous reply could not be used: {error}\n"
+    "Reply again with only the tool call."
+)
+TOOL_REQUIRED_ERROR = "a tool call is required before the final answer"
 # A reply cut off at the token limit that does not validate goes back to the model as its
 # first CUT_REPLY_KEEP characters, not whole: re-reading a runaway (a string repeated until
 # max_tokens) costs the engine every one of its tokens again as prompt, and tells the model
@@ -50,6 +56,8 @@ class TurnPolicy:
     parse_output: Callable[[str | None], ParsedOutput]
     # Calls past this many in one reply are not run; each gets an error reply instead.
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    # tool_choice="required": every turn until the first tool results must call a tool.
+    require_tool_call: bool = False
 
 
 # --- events -------------------------------------------------------------------------------
@@ -96,6 +104,7 @@ Event = ModelReplied | ModelFailed | ToolsFinished | Cancelled | Abandoned
 class CallModel:
     turns_left: int  # priority: fewer turns left goes first
     allow_tools: bool  # False on repair turns (tool_choice "none", tools still sent)
+    require_tools: bool = False  # the reply must be a tool call (tool_choice="required")
 
 
 @dataclass(frozen=True)
@@ -109,13 +118,21 @@ Action = CallModel | RunTools
 def next_action(policy: TurnPolicy, state: AgentState) -> Action | None:
     """What to do for ``state``; ``None`` when the agent has ended."""
     if state.status is AgentStatus.NEEDS_MODEL:
+        require = _must_call_tool(policy, state)
         return CallModel(
             turns_left=max(policy.max_turns - state.steps, 1),
-            allow_tools=not state.repairing,
+            allow_tools=require or not state.repairing,
+            require_tools=require,
         )
     if state.status is AgentStatus.AWAITING_TOOLS:
         return RunTools(list(state.pending_calls))
     return None
+
+
+def _must_call_tool(policy: TurnPolicy, state: AgentState) -> bool:
+    """``tool_choice="required"`` and no tool results in the conversation yet."""
+    return policy.require_tool_call and not any(
+        m.get("role") == "tool" for m in state.messages)
 
 
 def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
@@ -180,7 +197,12 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
         run = resp.tool_calls[: policy.max_tool_calls_per_turn]
         return _bump(state, status=AgentStatus.AWAITING_TOOLS, pending_calls=run,
                      repairing=False, **common)
-    parsed = policy.parse_output(resp.text)
+    if _must_call_tool(policy, state):
+        parsed = ParsedOutput(False, error=TOOL_REQUIRED_ERROR)
+        prompt = REPAIR_TOOL_PROMPT
+    else:
+        parsed = policy.parse_output(resp.text)
+        prompt = REPAIR_PROMPT
     if parsed.ok:
         return _end(state, AgentStatus.DONE, None, text=resp.text, output=parsed.value, **common)
     if state.retries < policy.max_retries:
@@ -188,11 +210,12 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
         if resp.finish_reason in CUT_REPLY_ERRORS:
             error = CUT_REPLY_ERRORS[resp.finish_reason]
             common["messages"] = [*state.messages, _cut_reply(resp.text or "")]
-        repair = {"role": "user", "content": REPAIR_PROMPT.format(error=error)}
+        repair = {"role": "user", "content": prompt.format(error=error)}
         common["messages"] = [*common["messages"], repair]
         return _bump(state, retries=state.retries + 1, repairing=True, text=resp.text, **common)
-    error = AgentError(kind="invalid_output",
-                       message=f"the final reply did not validate: {parsed.error}")
+    what = ("the reply was not a tool call (tool_choice='required')"
+            if prompt is REPAIR_TOOL_PROMPT else "the final reply did not validate")
+    error = AgentError(kind="invalid_output", message=f"{what}: {parsed.error}")
     return _end(state, AgentStatus.FAILED, error, text=resp.text, **common)
 
 

@@ -96,6 +96,16 @@ def tools_allowed(body: dict[str, Any]) -> bool:
     return bool(body.get("tools")) and body.get("tool_choice") != "none"
 
 
+def forced_call(tool: dict[str, Any], key: str) -> ToolCallSpec:
+    """A call of ``tool`` with arguments filled from its schema (``tool_choice="required"``
+    with no scripted call left)."""
+    fn = tool.get("function") or tool
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    args = fill_schema(params, key)
+    return ToolCallSpec(name=str(fn.get("name")), arguments=args if isinstance(args, dict)
+                        else {})
+
+
 def plan_chat(body: dict[str, Any]) -> ChatPlan:
     """Decide this turn of a chat request from its directives and its history."""
     messages: list[Message] = body.get("messages") or []
@@ -104,6 +114,8 @@ def plan_chat(body: dict[str, Any]) -> ChatPlan:
     script = parse_script(texts)
     answered = answered_calls(messages)
     pending = pending_round(script, answered)
+    if not pending and body.get("tool_choice") == "required" and tools_allowed(body):
+        pending = [forced_call(body["tools"][0], key)]  # as vLLM's guided "required" would
     if pending and tools_allowed(body):
         calls = emit_calls(key, pending, answered, same_ids=script.same_ids)
         return ChatPlan(key, script, Reply(None, calls, "tool_calls"), pending)
