@@ -13,8 +13,10 @@ remainder rounding) so per-agent numbers are plausible and the parts add up to t
 The output schema travels in each batched body in the form the server reads on
 ``/v1/completions``: vLLM and SGLang take ``response_format``; llama.cpp ignores that field
 there and takes a top-level ``json_schema`` (the driver passes it as ``extra_body``).
-``ServerTemplate`` renders the prompts with the server's own chat template (llama.cpp's
-``/apply-template``) instead of a hard-coded ChatML.
+``ServerTemplate`` renders the prompts with the server's own chat template instead of a
+hard-coded ChatML: llama.cpp's ``/apply-template``, vLLM's ``/tokenize`` + ``/detokenize``.
+SGLang (and ``sim://``) keep ChatML: SGLang's tokenize endpoint takes text, not messages, so
+its template cannot be had over HTTP.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from ..errors import BackendError, ServerError
 from ..model_io import Message, ModelResponse, Usage
+from .microbatch import message_text
 from .openai_parse import parse_usage
 
 log = logging.getLogger(__name__)
@@ -172,6 +175,17 @@ async def run_batch(
             return exc
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+def text_conversations(conversations: Sequence[list[Message]]) -> list[list[Message]]:
+    """Each message as ``{role, content}`` with text content, the form template endpoints take:
+    batched turns are text only (``microbatch.batchable``), and other keys would only vary
+    the shapes ``ServerTemplate`` learns."""
+    return [
+        [{"role": m.get("role", "user"), "content": message_text(m.get("content")) or ""}
+         for m in conversation]
+        for conversation in conversations
+    ]
 
 
 # A content placeholder no real message carries: the template renders it where content goes.

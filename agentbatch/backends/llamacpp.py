@@ -53,9 +53,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError, ServerError
 from ..model_io import Message, ModelRequest, ModelResponse
 from .base import BackendCapabilities
-from .batch_prompting import ServerTemplate, run_batch
+from .batch_prompting import ServerTemplate, run_batch, text_conversations
 from .gbnf import Unsupported, to_gbnf
-from .microbatch import message_text
 from .openai_compat import OpenAICompatBackend, _header_safe, response_format
 
 if TYPE_CHECKING:
@@ -171,6 +170,14 @@ class LlamaCppBackend(OpenAICompatBackend):
         return max(1, int((await self.props())["total_slots"]))
 
     @property
+    def inflight_hint(self) -> int | None:
+        """The server's slot count once ``/props`` was read (at preflight): the embedded
+        engine keeps at most this many turns in flight, so its near-done-first order decides
+        which turn takes a free slot, not llama.cpp's first-come queue (``setup.inflight_hint``;
+        measured in ``bench_engine``)."""
+        return int(self._props["total_slots"]) if self._props else None
+
+    @property
     def batch_limit(self) -> int | None:
         """Prompts per batched request: the server's slot count once known (see
         ``MicroBatchingBackend``); more would only wait in llama.cpp's deferred queue."""
@@ -276,12 +283,7 @@ class LlamaCppBackend(OpenAICompatBackend):
         if self._props is None and not self._no_slots:
             await self._learn_slots()  # for ``batch_limit`` from the next batch on
         if messages is not None:
-            texts = [
-                [{"role": m.get("role", "user"), "content": message_text(m.get("content")) or ""}
-                 for m in conv]
-                for conv in messages
-            ]
-            prompts = await self.template.render_many(texts)
+            prompts = await self.template.render_many(text_conversations(messages))
         extra: dict[str, Any] = {"cache_prompt": True}
         if json_schema and self.capabilities.native_json_schema:
             schema = response_format(json_schema)["json_schema"]["schema"]

@@ -17,8 +17,8 @@ only the window, never a worse prompt rendering.
 
 The default renderer is ChatML (Qwen, many fine-tunes); pass ``render=`` for other models --
 with a raw prompt the server does not apply the model's chat template for us. A driver that can
-render with the server's own template (llama.cpp's ``/apply-template``) gets the conversations
-too and uses that instead.
+render with the server's own template (llama.cpp's ``/apply-template``, vLLM's ``/tokenize``)
+gets the conversations too and uses that instead; ``sglang://`` and ``sim://`` keep ChatML.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class MicroBatchingBackend(BackendWrapper):
                 json_schema=first.json_schema,
                 request_id=f"batch-{first.request_id}" if first.request_id else "",
                 # The conversations too, for a driver that renders with the server's template
-                # (llama.cpp); only when no custom ``render`` was chosen.
+                # (llama.cpp, vLLM); only when no custom ``render`` was chosen.
                 messages=[it.request.messages for it in items] if self.render is chatml else None,
             )
             if len(results) != len(items):

@@ -15,7 +15,7 @@ from .urls import STREAMABLE_SCHEMES, BackendTarget, parse_backend_url
 
 # scheme -> "module:factory"; the factory is called as factory(target, **options).
 _DRIVERS: dict[str, str] = {
-    "vllm": "agentbatch.backends.openai_compat:OpenAICompatBackend",
+    "vllm": "agentbatch.backends.vllm:VLLMBackend",
     "sglang": "agentbatch.backends.openai_compat:OpenAICompatBackend",
     "sim": "agentbatch.backends.openai_compat:OpenAICompatBackend",
     "http": "agentbatch.backends.openai_compat:OpenAICompatBackend",

@@ -26,7 +26,15 @@ from .openai_shapes import (
 )
 from .script import Reply
 from .state import SimState
-from .tokens import block_hashes, count_tokens, render_chat
+from .tokens import (
+    MAX_MODEL_LEN,
+    block_hashes,
+    count_tokens,
+    decode,
+    encode,
+    render_chat,
+    render_template,
+)
 
 STATE = web.AppKey("agentbatch_sim_state", SimState)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -194,6 +202,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return _error(
             400, "`prompt` must be a string or a non-empty list of strings", "BadRequestError"
         )
+    state.stats.recent_completions.append(body)  # other fields (add_special_tokens) ignored
     n = state.next_request("completions")
     texts, costs, hold = [], [], None
     for i, prompt in enumerate(prompts):
@@ -263,6 +272,46 @@ async def _stream_completions(
     _finished(state, seqs, t0)
     await resp.write_eof()
     return resp
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``/tokenize``: ``messages`` through the sim's chat template (``render_template``),
+    or a raw ``prompt``; one token per code point."""
+    state = request.app[STATE]
+    body = await _read_body(request, state)
+    if isinstance(body, web.Response):
+        return body
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        text = render_template(messages, body.get("add_generation_prompt") is not False)
+    elif isinstance(prompt, str):
+        text = prompt
+    else:
+        state.stats.bad_requests += 1
+        return _error(400, "give `messages` (a non-empty list of objects) or a `prompt` string",
+                      "BadRequestError")
+    state.stats.template_requests["tokenize"] += 1
+    tokens = encode(text)
+    return web.json_response({"tokens": tokens, "count": len(tokens),
+                              "max_model_len": MAX_MODEL_LEN})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """vLLM's ``/detokenize``: the text of ``tokens`` (``encode`` reversed)."""
+    state = request.app[STATE]
+    body = await _read_body(request, state)
+    if isinstance(body, web.Response):
+        return body
+    tokens = body.get("tokens")
+    try:
+        text = decode(tokens) if isinstance(tokens, list) else None
+    except ValueError:
+        text = None
+    if text is None:
+        state.stats.bad_requests += 1
+        return _error(400, "`tokens` must be a list of code points", "BadRequestError")
+    state.stats.template_requests["detokenize"] += 1
+    return web.json_response({"prompt": text})
 
 
 async def models(request: web.Request) -> web.Response:

@@ -7,9 +7,12 @@ unchanged against the simulator and a real server.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+# ``/v1/completions`` bodies kept for ``/sim/stats`` (tests check what a client sent).
+RECENT_COMPLETIONS = 8
 
 # vLLM's time-to-first-token buckets (seconds), trimmed at the top.
 TTFT_BUCKETS = (
@@ -70,6 +73,10 @@ class SimStats:
     max_running_seen: int = 0
     max_waiting_seen: int = 0
     ttft: Histogram = field(default_factory=Histogram)
+    # ``/tokenize`` and ``/detokenize`` calls: apart from ``requests`` (model calls only)
+    template_requests: Counter[str] = field(default_factory=Counter)
+    recent_completions: deque[dict[str, Any]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_COMPLETIONS))
 
     def set_load(self, running: int, waiting: int) -> None:
         self.running, self.waiting = running, waiting
@@ -100,6 +107,8 @@ class SimStats:
             "max_waiting_seen": self.max_waiting_seen,
             "ttft_count": self.ttft.count,
             "ttft_mean_s": self.ttft.total / self.ttft.count if self.ttft.count else None,
+            "template_requests": dict(self.template_requests),
+            "recent_completions": list(self.recent_completions),
         }
 
 

@@ -28,6 +28,8 @@ def build_app(config: SimConfig | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/tokenize", handlers.tokenize)
+    app.router.add_post("/detokenize", handlers.detokenize)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/sim/stats", handlers.sim_stats)

@@ -3,6 +3,9 @@
 Counting is ``ceil(chars / 4)`` over one flat rendering of the request. What matters is not
 accuracy but that identical prefixes render to identical text, so the prefix cache rewards
 exactly the prompt layouts that a real server's cache would reward.
+
+Also the sim's own chat template and code-point tokenizer, behind vLLM's ``/tokenize`` and
+``/detokenize``, so a client rendering batched prompts with the server's template is tested.
 """
 
 from __future__ import annotations
@@ -39,6 +42,38 @@ def render_chat(messages: list[Message], tools: list[dict[str, Any]] | None = No
             tools_text = ""
     parts.append(tools_text)
     return "".join(parts)
+
+
+# The sim's chat template for ``/tokenize`` (deliberately not ChatML, so a client that renders
+# with the server's template is told apart from one that hard-codes ChatML). Contents start
+# and end on their own lines, so ``@sim`` directives in them are still read from the prompt.
+TEMPLATE_TURN = "<|sim:{role}|>\n{content}\n"
+TEMPLATE_GENERATION = "<|sim:assistant|>\n"
+MAX_MODEL_LEN = 131072
+MAX_CODE_POINT = 0x10FFFF
+
+
+def render_template(messages: list[Message], add_generation_prompt: bool = True) -> str:
+    """``messages`` in the sim's chat template (what ``/tokenize`` applies)."""
+    parts = [
+        TEMPLATE_TURN.format(role=m.get("role", "user"), content=content_text(m.get("content")))
+        for m in messages
+    ]
+    if add_generation_prompt:
+        parts.append(TEMPLATE_GENERATION)
+    return "".join(parts)
+
+
+def encode(text: str) -> list[int]:
+    """The sim's tokenizer: one token per code point, so ``decode`` round-trips exactly."""
+    return [ord(ch) for ch in text]
+
+
+def decode(tokens: list[int]) -> str:
+    """Text of ``tokens``; ``ValueError`` for ids that are not code points."""
+    if not all(type(t) is int and 0 <= t <= MAX_CODE_POINT for t in tokens):
+        raise ValueError("tokens must be integers in [0, 0x10FFFF]")
+    return "".join(map(chr, tokens))
 
 
 def block_hashes(text: str) -> list[int]:

@@ -158,7 +158,7 @@ def test_spec_errors_are_value_errors() -> None:
 @pytest.mark.parametrize(
     ("url", "cls_name"),
     [
-        ("vllm://h:1", "OpenAICompatBackend"),
+        ("vllm://h:1", "VLLMBackend"),
         ("sglang://h:1", "OpenAICompatBackend"),
         ("sim://h:1", "OpenAICompatBackend"),
         ("http://h:1/v1", "OpenAICompatBackend"),
