@@ -159,7 +159,10 @@ def scrape(http_url: str) -> dict[str, float]:
     """The engine's own counters (llama.cpp ``/metrics``)."""
     with urllib.request.urlopen(f"{http_url}/metrics", timeout=30) as resp:
         samples = parse_prometheus(resp.read().decode())
-    names = ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total")
+    names = ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total",
+             # where the engine's time goes: its llama_decode calls (one batched step each),
+             # and the seconds its slots spent on prompts and on generating (summed over slots)
+             "n_decode_total", "prompt_seconds_total", "tokens_predicted_seconds_total")
     return {n: metric_sum(samples, f"llamacpp:{n}") or 0.0 for n in names}
 
 
@@ -294,9 +297,10 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
         out = OutputContract(PriceReport).json_schema
         system = "\n\n".join([SYSTEM_B, instructions(tools, out)])
         task = TASK_B.format(**item)
-        turn_schema = union_schema(tools, out)
+        # the schemas agentbatch sends (one call per reply: ``max_tool_calls_per_turn``)
+        turn_schema = union_schema(tools, out, max_calls=MAX_CALLS_B)
         final_schema = union_schema(tools, out, allow_tools=False)
-        calls_schema = union_schema(tools, out, allow_final=False)
+        calls_schema = union_schema(tools, out, allow_final=False, max_calls=MAX_CALLS_B)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": task}]
     repaired = called = False
@@ -432,7 +436,7 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_before + sum(cpu_seconds(p) for p in fleet) - workers_before
     after = scrape(ctx["http_url"])
-    delta = {k: int(after[k] - before[k]) for k in after}
+    delta = {k: after[k] - before[k] for k in after}
     turns = out.get("turns")
     ttfts = out.pop("ttfts", None)
     if ttfts is not None:
@@ -445,9 +449,12 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
            "agents_per_s": round(n / wall, 3), **out,
            "tool_executions_in_process": sum(EXECUTIONS.values()) if workload == "tools"
            else None,
-           "engine_prompt_tokens": delta["prompt_tokens_total"],
-           "engine_cached_prompt_tokens": delta["prompt_tokens_cached_total"],
-           "engine_generated_tokens": delta["tokens_predicted_total"],
+           "engine_prompt_tokens": int(computed),
+           "engine_cached_prompt_tokens": int(cached),
+           "engine_generated_tokens": int(generated),
+           "engine_decode_calls": int(delta["n_decode_total"]),
+           "engine_prompt_s": round(delta["prompt_seconds_total"], 2),
+           "engine_generate_s": round(delta["tokens_predicted_seconds_total"], 2),
            "engine_computed_prompt_tokens_per_turn": round(computed / turns, 1) if turns
            else None,
            "engine_prompt_tokens_per_turn": round((computed + cached) / turns, 1) if turns
@@ -489,6 +496,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "client_cpu_ms_per_turn_median": median(
                     [r["client_cpu_ms_per_turn"] for r in rs]),
                 "turns_median": median([r["turns"] for r in rs]),
+                "engine_decode_calls_median": median([r.get("engine_decode_calls")
+                                                      for r in rs]),
+                "engine_prompt_s_median": median([r.get("engine_prompt_s") for r in rs]),
+                "engine_generate_s_median": median([r.get("engine_generate_s") for r in rs]),
                 "engine_generated_tokens_per_turn_median": median(
                     [r["engine_generated_tokens_per_turn"] for r in rs]),
                 "engine_prompt_tokens_per_turn_median": median(

@@ -119,6 +119,24 @@ def endpoints(backend: Backend) -> list[Backend]:
     return [backend]
 
 
+def inflight_hint(backend: Backend) -> int | None:
+    """The most requests worth having in flight on ``backend``, from what its servers said at
+    preflight (``inflight_hint`` of each endpoint, e.g. llama.cpp's slot count), summed over
+    a pool; None if some endpoint has no opinion.
+
+    More than that only waits in the server's own first-come queue, where the embedded
+    engine's near-done-first order cannot reach it: holding the rest in agentbatch's queue
+    sends an agent's next turn ahead of other agents' first turns (``PrioritySlots``).
+    """
+    total = 0
+    for endpoint in endpoints(backend):
+        hint = getattr(endpoint, "inflight_hint", None)
+        if not isinstance(hint, int) or hint < 1:
+            return None
+        total += hint
+    return total
+
+
 async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:
     """Before anything is dispatched: each endpoint is the server its URL says (a driver's own
     ``preflight``, e.g. llama.cpp's ``/props``), and ``max_server_waiting`` has a queue gauge

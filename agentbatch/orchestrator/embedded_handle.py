@@ -12,7 +12,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from ..backends.setup import open_backend, preflight_backend, warm_backend
+from ..backends.setup import inflight_hint, open_backend, preflight_backend, warm_backend
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
 from .backpressure import BackpressureGate
@@ -57,7 +57,8 @@ class EmbeddedHandle(BatchHandle):
         rt = BatchRuntime(plan=plan, contract=self.compiled.contract, tools=pool,
                           backend=backend)
         limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
-                                         DEFAULT_MAX_INFLIGHT)
+                                         DEFAULT_MAX_INFLIGHT,
+                                         inflight_hint(backend) or DEFAULT_MAX_INFLIGHT)
         gate = None
         if plan.max_server_waiting is not None:
             gate = BackpressureGate(backend, max_waiting=plan.max_server_waiting)

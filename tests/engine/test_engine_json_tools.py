@@ -31,12 +31,29 @@ class PriceReport(BaseModel):
     price: str = Field(max_length=40)
 
 
-def _run(llama_server: Any, redis_url: str | None) -> list[AgentResult]:
+def _run(llama_server: Any, redis_url: str | None,
+         tool_choice: str = "auto") -> list[AgentResult]:
     handle = submit_batch(TASK, [{"item": ITEMS[i % 2]} for i in range(8)], model=MODEL,
                           backend=llama_server.llamacpp_url, system_prompt=SYSTEM,
                           tools=[price], output_schema=PriceReport, tool_calling="json",
-                          max_tokens=96, temperature=0.0, max_turns=3, redis_url=redis_url)
+                          tool_choice=tool_choice, max_tokens=96, temperature=0.0,
+                          max_turns=3, redis_url=redis_url)
     return handle.wait(timeout=900)
+
+
+def _check_required(results: list[AgentResult], redis_url: str) -> None:
+    """``tool_choice="required"``: no agent ends ok without a tool result, whatever the model
+    would have chosen (the turn's grammar allows only calls until then)."""
+    valid = [r for r in results if r.ok and isinstance(r.output, PriceReport)]
+    client = redis.from_url(redis_url)
+    keys = client.keys("test:exec:price:a:*")
+    runs = sum(int(client.get(k) or 0) for k in keys)
+    calls = sum(1 for r in results for c in r.tool_calls if c.name == "price")
+    print(f"required tools on SmolLM2: {len(valid)}/8 valid, {calls} price calls, {runs} "
+          f"executions over {len(keys)} keys; errors {[r.error for r in results if not r.ok]}")
+    assert len(results) == 8 and len(valid) >= 7
+    assert all(any(c.name == "price" and c.ok for c in r.tool_calls) for r in valid)
+    assert runs == len(keys) and calls >= len(valid)
 
 
 def _check(results: list[AgentResult], redis_url: str) -> None:
@@ -70,3 +87,15 @@ def test_json_tool_calling_distributed(llama_server: Any, redis_url: str,
                                        start_workers: Any) -> None:
     start_workers(1, concurrency=4, env={"AGENTBATCH_WORKER_IMPORTS": "tests.support,tests.engine"})
     _check(_run(llama_server, redis_url), redis_url)
+
+
+def test_tool_choice_required_embedded(llama_server: Any, redis_url: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_REDIS_URL", redis_url)
+    _check_required(_run(llama_server, None, "required"), redis_url)
+
+
+def test_tool_choice_required_distributed(llama_server: Any, redis_url: str,
+                                          start_workers: Any) -> None:
+    start_workers(1, concurrency=4, env={"AGENTBATCH_WORKER_IMPORTS": "tests.support,tests.engine"})
+    _check_required(_run(llama_server, redis_url, "required"), redis_url)

@@ -88,9 +88,10 @@ def test_backpressure_follows_llamacpp_deferred_gauge(llama_server: Any) -> None
     """A batch that fills llama.cpp's slots makes it defer requests; a second batch with
     ``max_server_waiting=0`` holds its turns until the deferred gauge drops, then finishes."""
     with QueueSampler(llama_server.http_url) as sampler:
+        # max_inflight above the slot count, or agentbatch would queue the extra turns itself
         filler = submit_batch(TASK, inputs(16), model=MODEL, backend=llama_server.llamacpp_url,
                               system_prompt=SYSTEM, output_schema=Verdict, max_tokens=64,
-                              temperature=0.0)
+                              temperature=0.0, max_inflight=16)
         deadline = time.monotonic() + 120
         while not any(sampler.samples) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -104,6 +105,19 @@ def test_backpressure_follows_llamacpp_deferred_gauge(llama_server: Any) -> None
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     assert stats["holds"] > 0  # the gate closed on llama.cpp's deferred gauge ...
     assert stats["last_waiting"] == 0  # ... and opened once it drained
+
+
+def test_turns_past_the_slot_count_wait_in_agentbatch_not_in_llamacpp(
+        llama_server: Any) -> None:
+    """By default the embedded engine keeps at most ``total_slots`` turns in flight, so
+    llama.cpp defers nothing and agentbatch's near-done-first order picks the next turn."""
+    with QueueSampler(llama_server.http_url) as sampler:
+        results = submit_batch(TASK, inputs(16), model=MODEL,
+                               backend=llama_server.llamacpp_url, system_prompt=SYSTEM,
+                               output_schema=Verdict, max_tokens=64,
+                               temperature=0.0).wait(timeout=600)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    assert len(sampler.samples) > 10 and max(sampler.samples) == 0
 
 
 def test_batch_prompting_keeps_the_schema(llama_server: Any) -> None:

@@ -12,7 +12,7 @@ from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.pool import EndpointPool, parse_hostfile
 from agentbatch.backends.retry import RetryingBackend
-from agentbatch.backends.setup import expand_backend_urls, open_backend
+from agentbatch.backends.setup import endpoints, expand_backend_urls, inflight_hint, open_backend
 from agentbatch.errors import BackendUnavailable, BatchSpecError
 from agentbatch.model_io import ModelRequest, ModelResponse
 
@@ -146,3 +146,15 @@ async def test_pool_sums_loads_and_names_duplicates() -> None:
     assert await EndpointPool([c]).fetch_load() is None
     with pytest.raises(ValueError):
         EndpointPool([])
+
+
+def test_inflight_hint_is_the_slot_count_summed_over_a_pool_once_props_are_known() -> None:
+    one = open_backend(["llamacpp://127.0.0.1:1"])
+    assert inflight_hint(one) is None  # /props not read yet: no opinion
+    pool = open_backend(["llamacpp://127.0.0.1:1", "llamacpp://127.0.0.1:2"])
+    for i, endpoint in enumerate(endpoints(pool)):
+        endpoint._props = {"total_slots": 4 + i}  # what preflight read from /props
+    assert inflight_hint(pool) == 9
+    mixed = open_backend(["llamacpp://127.0.0.1:1", "vllm://127.0.0.1:2"])
+    endpoints(mixed)[0]._props = {"total_slots": 4}
+    assert inflight_hint(mixed) is None  # vLLM keeps its own queue: no cap from us
