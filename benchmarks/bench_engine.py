@@ -24,12 +24,13 @@ each round), every system on every workload against that same server:
 * ``embedded_unstreamed``: the same with ``?stream=0``: whole replies, no loop guard;
 * ``distributed``: ``submit_batch(..., redis_url=...).wait()`` on the fleet (fleet start-up is
   outside the timed window, as a deployed fleet would be running already);
-* ``naive``: ``asyncio.gather`` over one aiohttp loop per agent (the ``openai`` package is not
-  installed here; aiohttp is what agentbatch's HTTP backend uses, so the comparison is about
-  the engine). Same system message, same schema, ``response_format`` json_schema, one repair
-  retry. On (b) it speaks the same json tool protocol as ``tool_calling="json"`` (same union
-  schema, same system text, same rendering of tool results) but runs every tool call itself:
-  no coalescing;
+* ``naive``: ``asyncio.gather`` over one loop per agent on ``openai.AsyncOpenAI`` (its
+  defaults: 2 retries), as a user writes it. Same system message, same schemas (the ones
+  agentbatch sends), ``response_format`` json_schema, one repair turn (agentbatch gets the same
+  budget: ``max_retries=1``). On (b) it speaks the same json tool protocol as
+  ``tool_calling="json"`` (same union schema, same system text, same rendering of tool
+  results), forces the first call as ``tool_choice="required"`` does, and runs every tool call
+  itself: no coalescing;
 * ``embedded_stream`` / ``naive_stream``: the same with every turn streamed (``?stream=1`` on
   the backend URL, as ``embedded`` now does by default; ``"stream": true`` and an SSE reader
   in the naive loop), for TTFT: the
@@ -40,14 +41,16 @@ each round), every system on every workload against that same server:
   in the system prompt, native tools, streamed turns), ``max_retries=1``.
 
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
-(b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (4 distinct keys),
-through ``tool_calling="json"``; agentbatch is told the task needs one call per reply
-(``max_tool_calls_per_turn=1``, so its turn grammar allows one call), the naive loop sends the
-union schema as a user would, without a cap. agentbatch's ``llamacpp://`` backend sends schemas
-as a whitespace-free grammar (``compact_json``, the default); naive sends ``response_format``.
+(b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (its argument is one of 4
+item names, an ``enum``), through ``tool_calling="json"`` with ``tool_choice="required"``: every
+agent calls the tool, then answers. The task needs one call per reply, so both systems send
+the union schema with ``maxItems: 1`` (agentbatch: ``max_tool_calls_per_turn=1``). agentbatch's
+``llamacpp://`` backend sends schemas as a whitespace-free grammar (``compact_json``) and
+prefills the forced start of each reply (``jump_forward``); naive sends ``response_format``.
 Per run: wall, agents/s, valid outputs, the engine's own
 ``/metrics`` counter deltas (prompt tokens, cached prompt tokens, generated tokens, and each
-per model turn), TTFT p50/p95 for the streamed systems, client CPU
+per model turn; its decode calls and the seconds its slots spent on prompts and on
+generating: where the engine's time goes), TTFT p50/p95 for the streamed systems, client CPU
 (this process, plus the workers for ``distributed``) per model turn, and ratios to naive at the
 median. Not part of the pytest suite.
 """
@@ -107,8 +110,8 @@ TASK_B = "What is the price of the {item}? (ticket {i})"
 Item = Literal["kettle", "toaster", "blender", "mixer"]
 ITEMS: list[str] = list(get_args(Item))
 TOOL_S = 0.2
-# The task needs one call per reply; told so, agentbatch's turn grammar allows one call, and
-# SmolLM2 stops repeating the call (it repeated it 2-4 times per reply without the cap).
+# The task needs one call per reply: the turn schema both systems send allows one (agentbatch:
+# ``max_tool_calls_per_turn``); without the cap SmolLM2 repeated the call 2-4 times per reply.
 MAX_CALLS_B = 1
 # The naive loop allows one repair turn per agent; agentbatch gets the same budget, so both
 # do the same work (agentbatch's default is 2).

@@ -42,8 +42,7 @@ class Unsupported(ValueError):
 
 def literal(value: Any) -> str:
     """A GBNF string literal matching ``value`` written as compact JSON."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return literal_text(_compact(value))
 
 
 class _Builder:
@@ -155,6 +154,109 @@ class _Builder:
         return self.add(hint, f'"[" ({item} {more})? "]"')
 
 
+    # -- the forced prefix ------------------------------------------------------------------
+
+    def split(self, schema: Any, hint: str, depth: int = 0) -> tuple[str, list[str]]:
+        """(the text every compact value of ``schema`` starts with, the GBNF expressions
+        that follow it in order). ``visit`` for anything whose start is not forced."""
+        if depth > 16 or not isinstance(schema, dict):
+            return "", [self.visit(schema, hint)]
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            for prefix in ("#/$defs/", "#/definitions/"):
+                defs = self.root.get(prefix[2:-1]) or {}
+                if ref.startswith(prefix) and ref[len(prefix):] in defs:
+                    return self.split(defs[ref[len(prefix):]], hint, depth + 1)
+            return "", [self.visit(schema, hint)]
+        if "const" in schema:
+            return _compact(schema["const"]), []
+        if "enum" in schema:
+            return _common([(_compact(v), []) for v in schema["enum"]], hint, self)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return _common([self.split(s, f"{hint}-{i}", depth + 1)
+                                for i, s in enumerate(schema[key])], hint, self)
+        kind = schema.get("type")
+        if kind == "object" and schema.get("properties"):
+            return self.split_obj(schema, hint, depth)
+        if kind == "array" and int(schema.get("minItems", 0)) >= 1 \
+                and int(schema.get("maxItems", 2)) >= 1:
+            head, rest = self.split(schema.get("items") or True, f"{hint}-item", depth + 1)
+            item = self.visit(schema.get("items") or True, f"{hint}-item")
+            more = "" if int(schema.get("maxItems", 2)) == 1 else f' (","{self.sp} {item})*'
+            return "[" + head, [*rest, more.strip(), '"]"'] if more else [*rest, '"]"']
+        if kind == "string" and not {"enum", "const"} & set(schema):
+            expr = self.visit(schema, hint)  # '"\"" char... "\""' or ``string``
+            body = self.rules.get(expr, PRIMITIVES["string"] if expr == "string" else expr)
+            return '"', [body.split(" ", 1)[1]]
+        if kind == "null":
+            return "null", []
+        return "", [self.visit(schema, hint)]
+
+    def split_obj(self, schema: dict[str, Any], hint: str, depth: int) -> tuple[str, list[str]]:
+        """An object's opening, first key and its value's forced start; while a required
+        value is forced whole (a ``const``), the next key joins the prefix too."""
+        props: dict[str, Any] = schema["properties"]
+        required = set(schema.get("required") or [])
+        names = list(props)
+        if names[0] not in required:
+            raise Unsupported("an object whose first property is optional")
+        prefix, rest = "{", []
+        for i, key in enumerate(names):
+            value = props[key]
+            if rest or (i > 0 and key not in required):
+                pair = f'{literal(key)} ":"{self.sp} {self.visit(value, f"{hint}-{key}")}'
+                rest.append(f'","{self.sp} {pair}' if key in required
+                            else f'(","{self.sp} {pair})?')
+                continue
+            head, tail = self.split(value, f"{hint}-{key}", depth + 1)
+            prefix += ("," if i > 0 else "") + _compact(key) + ":" + head
+            rest.extend(tail)
+        return (prefix, [*rest, '"}"']) if rest else (prefix + "}", [])
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _common(parts: list[tuple[str, list[str]]], hint: str,
+            builder: _Builder) -> tuple[str, list[str]]:
+    """The longest prefix shared by every alternative (each then keeps what follows it)."""
+    heads = [head for head, _ in parts]
+    shared = heads[0]
+    for head in heads[1:]:
+        while not head.startswith(shared):
+            shared = shared[:-1]
+    # every alternative must still produce something after the shared text
+    while shared and any(h == shared and not r for h, r in parts):
+        shared = shared[:-1]
+    if not shared:
+        alts = [" ".join([literal_text(h), *r]).strip() for h, r in parts]
+        return "", [builder.add(hint, " | ".join(f"({a})" for a in alts))]
+    alts = [" ".join([literal_text(h[len(shared):]), *r]).strip() for h, r in parts]
+    return shared, [builder.add(hint, " | ".join(f"({a})" for a in alts))]
+
+
+def literal_text(text: str) -> str:
+    """A GBNF literal for raw ``text`` ("" for none)."""
+    if not text:
+        return ""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def split_gbnf(schema: dict[str, Any]) -> tuple[str, str] | None:
+    """(forced prefix, grammar for the rest) of ``schema``'s compact values, for a server that
+    continues a prefilled reply: the prefix costs no decode steps. None when nothing is forced
+    or nothing is left to generate. ``Unsupported`` as ``to_gbnf``."""
+    builder = _Builder(schema, "")
+    prefix, rest = builder.split(
+        {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}, "value")
+    rest = [r for r in rest if r]
+    if not prefix or not rest:
+        return None
+    return prefix, _grammar(builder, " ".join(rest))
+
+
 def to_gbnf(schema: dict[str, Any], *, space: str = "") -> str:
     """``schema`` as a GBNF grammar producing compact JSON; ``Unsupported`` if it cannot.
 
@@ -163,6 +265,11 @@ def to_gbnf(schema: dict[str, Any], *, space: str = "") -> str:
     builder = _Builder(schema, space)
     top = builder.visit({k: v for k, v in schema.items() if k not in ("$defs", "definitions")},
                         "value")
+    return _grammar(builder, top)
+
+
+def _grammar(builder: _Builder, top: str) -> str:
+    """The grammar text: ``root ::= top``, the builder's rules and the primitives used."""
     lines = [f"root ::= {top}"]
     lines += [f"{name} ::= {body}" for name, body in builder.rules.items()]
     text = "\n".join(lines)

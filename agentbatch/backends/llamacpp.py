@@ -54,7 +54,7 @@ from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigErr
 from ..model_io import Message, ModelRequest, ModelResponse
 from .base import BackendCapabilities
 from .batch_prompting import ServerTemplate, run_batch, text_conversations
-from .gbnf import Unsupported, to_gbnf
+from .gbnf import Unsupported, split_gbnf, to_gbnf
 from .openai_compat import OpenAICompatBackend, _header_safe, response_format
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROPS_TIMEOUT_S = 10.0
+# Jump-forward only when the forced start is worth it: ``{"`` (one token) is not.
+MIN_PREFILL_CHARS = 6
 
 CAPABILITIES = BackendCapabilities(
     native_json_schema=True,
@@ -104,12 +106,14 @@ class LlamaCppBackend(OpenAICompatBackend):
     """``Backend`` for ``llama-server``; see the module docstring for what it adds."""
 
     def __init__(self, target: Any, *, slot_affinity: bool = False, compact_json: bool = True,
-                 **kwargs: Any) -> None:
+                 jump_forward: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("capabilities", CAPABILITIES)
         kwargs.setdefault("stream", True)  # see the module docstring
         super().__init__(target, **kwargs)
         self.slot_affinity = slot_affinity
         self.compact_json = compact_json
+        self.jump_forward = jump_forward and compact_json
+        self._splits: dict[int, tuple[Any, tuple[str, str] | None]] = {}
         # id(schema) -> (schema, grammar or None): schemas are built once per plan, so the
         # grammar is too; holding the schema keeps its id from being reused.
         self._grammars: dict[int, tuple[Any, str | None]] = {}
@@ -215,14 +219,38 @@ class LlamaCppBackend(OpenAICompatBackend):
         self._grammars[id(schema)] = (schema, grammar)
         return grammar
 
+    def split_for(self, schema: Any) -> tuple[str, str] | None:
+        """(forced prefix, grammar for the rest) of ``schema``, or None (see ``jump_forward``)."""
+        hit = self._splits.get(id(schema))
+        if hit is not None and hit[0] is schema:
+            return hit[1]
+        try:
+            split = split_gbnf(schema)
+        except Unsupported:
+            split = None
+        if split is not None and len(split[0]) < MIN_PREFILL_CHARS:
+            split = None
+        if len(self._splits) >= 64:
+            self._splits.clear()
+        self._splits[id(schema)] = (schema, split)
+        return split
+
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         body = super().build_body(request)
         rf = body.get("response_format")
         if rf is not None:
-            grammar = self.grammar_for(rf["json_schema"]["schema"])
+            schema = rf["json_schema"]["schema"]
+            grammar = self.grammar_for(schema)
             if grammar is not None:
                 del body["response_format"]
                 body["grammar"] = grammar
+                split = self.split_for(schema) if self.jump_forward else None
+                messages = body.get("messages") or []
+                if split is not None and messages and messages[-1].get("role") != "assistant":
+                    # the reply's forced start goes as a prefilled assistant turn, which
+                    # llama-server continues (and returns whole); the grammar covers the rest
+                    body["messages"] = [*messages, {"role": "assistant", "content": split[0]}]
+                    body["grammar"] = split[1]
         return body
 
     def _extra_body(self, request: ModelRequest) -> dict[str, Any]:

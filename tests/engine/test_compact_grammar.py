@@ -87,9 +87,15 @@ def _request() -> ModelRequest:
 def test_the_llamacpp_body_carries_the_grammar_not_the_schema() -> None:
     backend = backend_from_url("llamacpp://127.0.0.1:1")
     assert isinstance(backend, LlamaCppBackend)
+    whole = LlamaCppBackend(backend.target, jump_forward=False).build_body(_request())
+    assert "response_format" not in whole
+    assert whole["grammar"] == to_gbnf(Verdict.model_json_schema())
+    # by default the forced start is prefilled and the grammar covers the rest
     body = backend.build_body(_request())
     assert "response_format" not in body
-    assert body["grammar"] == to_gbnf(Verdict.model_json_schema())
+    assert body["messages"][-1] == {"role": "assistant", "content": '{"label":"'}
+    assert body["grammar"].startswith("root ::= ")
+    assert body["grammar"] != whole["grammar"]
 
 
 def test_compact_json_off_or_an_untranslatable_schema_sends_the_schema() -> None:
