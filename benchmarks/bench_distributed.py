@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,18 @@ def commands_by_name(stats: dict[str, Any], tasks: int) -> dict[str, float]:
 
 
 def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
-                app: str | None = None) -> list[Any]:
+                app: str | None = None,
+                make_worker: Callable[..., WorkerProcess] = WorkerProcess) -> list[Any]:
+    """The worker fleet, ready: ``n_inf`` inference then ``n_tools`` tool workers named
+    ``b0``, ``b1``, ... (``make_worker`` builds each, like ``WorkerProcess``); with ``app``,
+    plain Celery workers of that app instead (the floor)."""
     # the test tools' execution counters off: this measures agentbatch's cost per task, and
     # the floor's tasks count nothing either
     env = {"TEST_TOOL_SLEEP_S": os.environ.get("TEST_TOOL_SLEEP_S", "0.2"),
            "TEST_TOOL_COUNT": "0"}
     if app is None:
-        procs: list[Any] = [WorkerProcess(url, queues=q, concurrency=concurrency, name=f"b{i}",
-                                          env=env).start(wait=False)
+        procs: list[Any] = [make_worker(url, queues=q, concurrency=concurrency, name=f"b{i}",
+                                        env=env).start(wait=False)
                             for i, q in enumerate(["inference"] * n_inf + ["tools"] * n_tools)]
         for p in procs:
             p.wait_ready()
@@ -84,11 +89,19 @@ def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
 
 
 def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n_tools: int,
-                   concurrency: int) -> dict[str, Any]:
+                   concurrency: int, *,
+                   make_worker: Callable[..., WorkerProcess] = WorkerProcess,
+                   on_ready: Callable[[list[Any]], None] | None = None,
+                   on_done: Callable[[list[Any]], None] | None = None) -> dict[str, Any]:
+    """One batch on a fresh fleet. ``on_ready(fleet)`` runs once the fleet is ready, just
+    before the measured window opens; ``on_done(fleet)`` as soon as the batch has ended and
+    been measured, before the fleet stops (profilers attach and detach there)."""
     r = redis.from_url(server.url)
     r.flushdb()
-    fleet = start_fleet(server.url, n_inf, n_tools, concurrency)
+    fleet = start_fleet(server.url, n_inf, n_tools, concurrency, make_worker=make_worker)
     try:
+        if on_ready is not None:
+            on_ready(fleet)
         r.config_resetstat()
         before = {p.proc.pid: cpu_seconds(p.proc.pid) for p in fleet}
         redis_before = cpu_seconds(server.proc.pid)
@@ -105,6 +118,8 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
         client_cpu = time.process_time() - me_before
         cmds = commands(r)
         stats = r.info("commandstats")
+        if on_done is not None:
+            on_done(fleet)
     finally:
         for p in fleet:
             p.stop(timeout=30)

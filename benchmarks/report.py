@@ -409,12 +409,81 @@ def render_failover(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", note, "", _machine_line(data)])
 
 
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def render_profile_fleet(data: dict[str, Any]) -> str:
+    """benchmarks/profile_fleet.py: py-spy owner shares per worker kind, the top agentbatch
+    functions, and a line from the yappi run."""
+    w, spy = data["workload"], data["py_spy"]
+    inf, tools, both = spy["inference"], spy["tools"], spy["all_workers"]
+    head = (f"### Where worker CPU goes per task (py-spy, {spy['rate_hz']} Hz, non-idle "
+            f"samples): {w['agents']} agents x {w['tool_rounds']} tool rounds, "
+            f"{w['inference_workers']} inference + {w['tool_workers']} tool worker processes "
+            f"(threads x {w['threads_per_worker']}), sim fixed {fmt(w['fixed_ms'], 0)} ms, "
+            f"tool {fmt(w['tool_s'])} s")
+
+    def rows_of(kind: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
+        return {o["owner"]: o for o in kind.get(key, [])}
+
+    share = {"i": rows_of(inf, "owners"), "t": rows_of(tools, "owners")}
+    ms = {"i": rows_of(inf, "owners_running"), "t": rows_of(tools, "owners_running")}
+    rows = []
+    for o in both["owners"]:
+        name = o["owner"]
+        rows.append([name, _pct(share["i"].get(name, {}).get("share")),
+                     fmt(ms["i"].get(name, {}).get("cpu_ms_per_task"), 3),
+                     _pct(share["t"].get(name, {}).get("share")),
+                     fmt(ms["t"].get(name, {}).get("cpu_ms_per_task"), 3),
+                     fmt(o["cpu_ms_per_task"], 3)])
+    if "blocking_call_share" in inf:
+        rows.append(["(at a blocking call: epoll, lock wait)", _pct(inf["blocking_call_share"]),
+                     "-", _pct(tools.get("blocking_call_share")), "-", "-"])
+    tbl = table(["owner", "inference: % of samples", "ms / model turn", "tools: % of samples",
+                 "ms / tool call", "all workers, ms / task"], rows)
+    top = [[f"`{f['function']}`", _pct(f.get("inference_share")),
+            _pct(f.get("tools_share")), fmt(f["cpu_ms_per_task"], 3)]
+           for f in both["top_agentbatch"][:10]]
+    top_tbl = table(["agentbatch function (innermost agentbatch frame, inclusive)",
+                     "inference", "tools", "ms / task"], top)
+    bullets = [
+        f"- worker CPU: inference {fmt(inf['cpu_s'])} s for {inf['tasks']} model turns "
+        f"(**{fmt(inf.get('cpu_ms_per_task'))} ms/turn**), tools {fmt(tools['cpu_s'])} s for "
+        f"{tools['tasks']} tool calls (**{fmt(tools.get('cpu_ms_per_task'))} ms/call**); "
+        f"{inf['samples']} + {tools['samples']} samples; an agentbatch frame on the stack in "
+        f"{_pct(inf.get('agentbatch_on_stack_share'))} / "
+        f"{_pct(tools.get('agentbatch_on_stack_share'))} of them; py-spy's own CPU "
+        f"{fmt(spy.get('py_spy_cpu_s'))} s"
+        + (f", {spy['late_warnings']} 'behind in sampling' warnings"
+           if spy.get("late_warnings") else ""),
+        "- owner: the innermost frame whose package is listed (a logging call made by celery "
+        "is celery's; a stack importing a module: imports); C code counts for the Python "
+        "frame calling it (hiredis: redis-py's hiredis glue; pydantic includes "
+        "pydantic_core). py-spy samples a thread whose state is R, so a thread woken at a "
+        "blocking call and waiting for a core counts too: ms = the kind's CPU seconds spread "
+        "over the samples not at a blocking call",
+    ]
+    y = data.get("yappi")
+    if y and "owners_self" in y:
+        pw = y["profiled_worker"]
+        bullets.append(
+            f"- yappi ({y['clock']} clock) in one inference worker: {fmt(pw['cpu_s'])} s CPU "
+            f"vs {fmt(pw['other_inference_workers_mean_cpu_s'])} s for each unprofiled one; "
+            "self time by owner: " + ", ".join(f"{o['owner']} {_pct(o['share'])}"
+                                              for o in y["owners_self"][:6]))
+    elif y:
+        bullets.append(f"- yappi: {y.get('error')}")
+    return "\n".join([head, "", tbl, "", *bullets, "", top_tbl, "", _machine_line(data)])
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
              "recovery_default": render_recovery, "rate_limit": render_rate_limit,
              "engine": render_engine, "scale": render_scale, "failover": render_failover,
-             "state_bytes": render_state_bytes, "sweep": render_sweep}
+             "state_bytes": render_state_bytes, "sweep": render_sweep,
+             "profile_fleet": render_profile_fleet}
 
 
 def render_file(data: dict[str, Any]) -> str:
