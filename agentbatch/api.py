@@ -85,7 +85,8 @@ def _batch_options(
         native_json_schema: also send the schema as ``response_format`` where it can apply.
         warm_prefix: send the shared prefix once before the fan-out.
         batch_prompting: gather concurrent tool-free turns into one ``/v1/completions``
-            request with a prompt list (rendered with a ChatML template).
+            request with a prompt list (rendered with the server's chat template on
+            llama.cpp and vLLM, ChatML elsewhere).
         max_server_waiting: hold new model calls while the server's ``/metrics`` shows more
             waiting requests than this (backpressure; >= 0; None: off).
         tool_calling: how the model calls tools. ``"native"``: the server's tool-call API.

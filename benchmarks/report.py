@@ -328,6 +328,9 @@ def render_engine(data: dict[str, Any]) -> str:
     if data.get("complete") is False:
         parts += ["_Partial: the run was stopped before its last round; medians of the runs "
                   "that finished._", ""]
+    parts += ["Engine columns come from llama-server's own `/metrics`: decode calls are its "
+              "batched steps; prompt s and generate s are the seconds its slots spent on each, "
+              "summed over slots (4 slots overlap, so they can exceed the wall time).", ""]
     for wl, per in data.get("summary", {}).items():
         rows = [[name + (f" (cut off at {s.get('batch_agent_cutoff_s')} s)"
                          if v.get("timed_out_runs") else ""),
@@ -336,6 +339,10 @@ def render_engine(data: dict[str, Any]) -> str:
                  fmt(v["engine_prompt_tokens_median"], 0),
                  fmt(v["engine_cached_prompt_tokens_median"], 0),
                  fmt(v.get("engine_generated_tokens_per_turn_median"), 1),
+                 (f"{fmt(v.get('engine_decode_calls_median'), 0)} / "
+                  f"{fmt(v.get('engine_prompt_s_median'), 1)} / "
+                  f"{fmt(v.get('engine_generate_s_median'), 1)}"
+                  if v.get("engine_decode_calls_median") is not None else "-"),
                  fmt(v["client_cpu_ms_per_turn_median"]),
                  (f"{fmt(v['ttft_p50_s_median'])} / {fmt(v['ttft_p95_s_median'])}"
                   if v.get("ttft_p50_s_median") is not None else "-"),
@@ -347,6 +354,7 @@ def render_engine(data: dict[str, Any]) -> str:
         parts += [f"**{wl}** (medians)", "",
                   table(["system", "runs", "wall s", "agents/s", "valid", "turns",
                          "prompt tok computed", "cached tok", "generated tok/turn",
+                         "engine decode calls / prompt s / generate s",
                          "client CPU ms/turn", "TTFT p50 / p95 s", "wall / naive"], rows), ""]
     return "\n".join(parts).rstrip()
 
