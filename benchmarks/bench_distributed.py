@@ -251,14 +251,19 @@ def client_commands_per_task(server: RedisServer, backend: str, concurrency: int
             "client_commands_by_name": dict(sorted(by_cmd.items(), key=lambda kv: -kv[1]))}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fleet_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload and fleet options this benchmark shares with ``profile_fleet``."""
     p.add_argument("--agents", type=int, default=1000)
     p.add_argument("--inference-workers", type=int, default=4)
     p.add_argument("--tool-workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--fixed-ms", type=float, default=60.0)
     p.add_argument("--tool-s", type=float, default=0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    fleet_arguments(p)
     p.add_argument("--json", default=None,
                    help="results file (default benchmarks/results/distributed_<agents>.json)")
     args = p.parse_args(argv)

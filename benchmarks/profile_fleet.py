@@ -54,7 +54,7 @@ from agentbatch.sim.process import SimProcess
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerProcess
 
-from .bench_distributed import ROUNDS, cpu_seconds, run_agentbatch
+from .bench_distributed import ROUNDS, cpu_seconds, fleet_arguments, run_agentbatch
 from .machine import REPO, machine_info, utc_now, write_json
 
 AGENTBATCH_PARTS = ("state", "workers", "orchestrator", "backends", "toolpool")
@@ -539,12 +539,7 @@ def summary(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--agents", type=int, default=1000)
-    p.add_argument("--inference-workers", type=int, default=4)
-    p.add_argument("--tool-workers", type=int, default=2)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--fixed-ms", type=float, default=60.0)
-    p.add_argument("--tool-s", type=float, default=0.2)
+    fleet_arguments(p)
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--no-yappi", action="store_true", help="skip the yappi batch")
     p.add_argument("--profiles-dir", default=None,

@@ -66,9 +66,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError, ServerError
 from ..model_io import Message, ModelRequest, ModelResponse
 from .base import BackendCapabilities
-from .batch_prompting import ServerTemplate, run_batch, text_conversations
+from .batch_prompting import ServerTemplate, text_conversations
 from .gbnf import Unsupported, split_gbnf, to_gbnf
-from .openai_compat import OpenAICompatBackend, _header_safe, response_format
+from .openai_compat import OpenAICompatBackend, response_format
 
 if TYPE_CHECKING:
     from ..orchestrator.plan import BatchPlan
@@ -306,43 +306,19 @@ class LlamaCppBackend(OpenAICompatBackend):
             raise ServerError(f"{self.name}: /apply-template returned no prompt", status=200)
         return prompt
 
-    async def complete_batch(
-        self,
-        prompts: list[str],
-        *,
-        model: str,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: dict[str, Any] | None = None,
-        request_id: str = "",
-        messages: list[list[Message]] | None = None,
-    ) -> list[ModelResponse | BackendError]:
-        """One ``/v1/completions`` call; prompts rendered by the server's template when the
-        conversations are given, the schema sent as llama.cpp's top-level ``json_schema``."""
-        if not prompts:
-            return []
+    async def _batch_prompts(self, prompts: list[str], messages: list[list[Message]] | None,
+                             model: str) -> tuple[list[str], dict[str, Any]]:
+        """Prompts rendered by the server's template when the conversations are given."""
         if self._props is None and not self._no_slots:
             await self._learn_slots()  # for ``batch_limit`` from the next batch on
         if messages is not None:
             prompts = await self.template.render_many(text_conversations(messages))
-        extra: dict[str, Any] = {"cache_prompt": True}
-        if json_schema and self.capabilities.native_json_schema:
-            schema = response_format(json_schema)["json_schema"]["schema"]
-            grammar = self.grammar_for(schema)
-            if grammar is not None:
-                extra["grammar"] = grammar
-            else:
-                extra["json_schema"] = schema
-        return await run_batch(
-            self._session.post_json,
-            prompts,
-            model=model or self.target.model or "",
-            max_tokens=max_tokens,
-            temperature=temperature,
-            response_format=None,
-            request_id=_header_safe(request_id),
-            timeout=self.timeout,
-            who=self.name,
-            extra_body=extra,
-        )
+        return prompts, {"cache_prompt": True}
 
+    def _batch_schema(self, json_schema: dict[str, Any]
+                      ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """llama.cpp ignores ``response_format`` on completions: the compact grammar, or its
+        own top-level ``json_schema``."""
+        schema = response_format(json_schema)["json_schema"]["schema"]
+        grammar = self.grammar_for(schema)
+        return None, ({"grammar": grammar} if grammar is not None else {"json_schema": schema})

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from ..errors import BackendError, BackendTimeout, ServerError
-from ..model_io import FINISH_LOOP, ModelRequest, ModelResponse
+from ..model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
 from .aiohttp_session import AiohttpSession
 from .base import BackendCapabilities, ServerLoad
 from .batch_prompting import run_batch
@@ -283,31 +283,45 @@ class OpenAICompatBackend:
     ) -> list[ModelResponse | BackendError]:
         """Complete ``prompts`` with ONE ``/v1/completions`` call; a result or error per prompt.
 
-        ``prompts`` are sent as rendered by the caller (``messages`` is for drivers that render
-        with the server's template, such as llama.cpp's; unused here). The schema goes as
-        ``response_format``, which vLLM and SGLang read on ``/v1/completions``.
+        Drivers shape the call through two hooks: ``_batch_prompts`` (the prompts to send,
+        e.g. rendered with the server's template when the conversations are given in
+        ``messages``) and ``_batch_schema`` (how the schema travels). Here prompts go as the
+        caller rendered them, and the schema as ``response_format``, which vLLM and SGLang
+        read on ``/v1/completions``.
 
         If the batched call fails for any reason, each prompt is retried alone (concurrently),
         so one bad prompt never fails its siblings. Never raises ``BackendError``.
         """
         if not prompts:
             return []
-        fmt = (
-            response_format(json_schema)
-            if json_schema and self.capabilities.native_json_schema
-            else None
-        )
+        model = model or self.target.model or ""
+        prompts, extra = await self._batch_prompts(prompts, messages, model)
+        fmt = None
+        if json_schema and self.capabilities.native_json_schema:
+            fmt, schema_extra = self._batch_schema(json_schema)
+            extra = {**extra, **schema_extra}
         return await run_batch(
             self._session.post_json,
             prompts,
-            model=model or self.target.model or "",
+            model=model,
             max_tokens=max_tokens,
             temperature=temperature,
             response_format=fmt,
             request_id=_header_safe(request_id),
             timeout=self.timeout,
             who=self.name,
+            extra_body=extra or None,
         )
+
+    async def _batch_prompts(self, prompts: list[str], messages: list[list[Message]] | None,
+                             model: str) -> tuple[list[str], dict[str, Any]]:
+        """(the prompts to send, extra body fields): as given, here."""
+        return prompts, {}
+
+    def _batch_schema(self, json_schema: dict[str, Any]
+                      ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """(``response_format``, extra body fields) carrying the schema on completions."""
+        return response_format(json_schema), {}
 
     async def aclose(self) -> None:
         """Close the pooled connections. Safe to call twice, or before first use."""

@@ -23,9 +23,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError, ServerError
-from ..model_io import Message, ModelResponse
-from .batch_prompting import ServerTemplate, run_batch, text_conversations
-from .openai_compat import OpenAICompatBackend, _header_safe, response_format
+from ..model_io import Message
+from .batch_prompting import ServerTemplate, text_conversations
+from .openai_compat import OpenAICompatBackend
 
 if TYPE_CHECKING:
     from ..orchestrator.plan import BatchPlan
@@ -97,38 +97,11 @@ class VLLMBackend(OpenAICompatBackend):
                 "batch_prompting"
             ) from exc
 
-    async def complete_batch(
-        self,
-        prompts: list[str],
-        *,
-        model: str,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        json_schema: dict[str, Any] | None = None,
-        request_id: str = "",
-        messages: list[list[Message]] | None = None,
-    ) -> list[ModelResponse | BackendError]:
-        """One ``/v1/completions`` call; prompts rendered by the model's template when the
-        conversations are given (then without a second BOS), the schema as ``response_format``.
-        """
-        if not prompts:
-            return []
-        model = model or self.target.model or ""
-        extra: dict[str, Any] | None = None
-        if messages is not None:
-            prompts = await self.template(model).render_many(text_conversations(messages))
-            extra = {"add_special_tokens": False}
-        fmt = (response_format(json_schema)
-               if json_schema and self.capabilities.native_json_schema else None)
-        return await run_batch(
-            self._session.post_json,
-            prompts,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            response_format=fmt,
-            request_id=_header_safe(request_id),
-            timeout=self.timeout,
-            who=self.name,
-            extra_body=extra,
-        )
+    async def _batch_prompts(self, prompts: list[str], messages: list[list[Message]] | None,
+                             model: str) -> tuple[list[str], dict[str, Any]]:
+        """Prompts rendered by the model's template when the conversations are given; the
+        text then holds BOS already, so vLLM must not add another."""
+        if messages is None:
+            return prompts, {}
+        rendered = await self.template(model).render_many(text_conversations(messages))
+        return rendered, {"add_special_tokens": False}

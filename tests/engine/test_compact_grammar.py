@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any, Literal
+from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field
 
 from agentbatch.backends.gbnf import Unsupported, literal, to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
@@ -21,19 +20,7 @@ from agentbatch.model_io import ModelRequest
 from agentbatch.orchestrator.json_tool_calling import union_schema
 from agentbatch.orchestrator.output import OutputContract
 from tests.engine.reviews import REVIEWS, TASK, Verdict
-
-
-class Inner(BaseModel):
-    n: int
-    ok: bool | None = None
-
-
-class Outer(BaseModel):
-    kind: Literal["a", "b"]
-    name: str = Field(max_length=5)
-    inner: Inner
-    tags: list[str]
-    score: float
+from tests.engine.schemas import Outer
 
 
 def _rules(grammar: str) -> dict[str, str]:

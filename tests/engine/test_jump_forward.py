@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any, Literal
+from typing import Any
 
 import jsonschema
 import pytest
@@ -24,19 +24,7 @@ from agentbatch.model_io import ModelRequest
 from agentbatch.orchestrator.json_tool_calling import union_schema
 from agentbatch.orchestrator.output import OutputContract
 from tests.engine.reviews import REVIEWS, TASK, Verdict
-
-
-class Inner(BaseModel):
-    n: int
-    ok: bool | None = None
-
-
-class Outer(BaseModel):
-    kind: Literal["a", "b"]
-    name: str = Field(max_length=5)
-    inner: Inner
-    tags: list[str]
-    score: float
+from tests.engine.schemas import Outer
 
 
 class Answer(BaseModel):

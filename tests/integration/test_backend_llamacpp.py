@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from agentbatch import submit_batch
 from agentbatch.backends.batch_prompting import ServerTemplate
-from agentbatch.backends.gbnf import to_gbnf
+from agentbatch.backends.gbnf import split_gbnf, to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.errors import BatchSpecError, ConfigError
@@ -44,7 +44,12 @@ class Answer(BaseModel):
 
 # llama-server takes a schema as ``json_schema`` or, compiled, as a GBNF ``grammar`` (what
 # ``llamacpp://`` sends by default: compact JSON); the fake knows the grammars of its schemas.
-GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema()}
+# With jump-forward the reply's forced start comes as a prefilled assistant turn and the
+# grammar covers the rest; llama-server returns the whole reply, prefill included.
+_SPLIT = split_gbnf(Answer.model_json_schema())
+assert _SPLIT is not None
+GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema(),
+                   _SPLIT[1]: Answer.model_json_schema()}
 
 
 def constraint(body: dict[str, Any]) -> Any:
@@ -146,7 +151,8 @@ class FakeLlamaServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record("chat", body)
-        text = self._answer(body["messages"][-1]["content"], constraint(body))
+        last_user = next(m for m in reversed(body["messages"]) if m["role"] == "user")
+        text = self._answer(last_user["content"], constraint(body))
         usage = {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26,
                  "prompt_tokens_details": {"cached_tokens": 16}}
         if not body.get("stream"):
@@ -319,6 +325,9 @@ async def test_turns_are_streamed_unless_the_url_says_stream_0(llama: FakeLlamaS
         assert json.loads(resp.text or "") == {"answer": "a7"}
         assert resp.finish_reason == "stop" and resp.usage.completion_tokens == 6
         assert bool(llama.bodies["chat"][-1].get("stream")) is streamed
+        # jump-forward: the forced start was prefilled, and the reply came back whole
+        assert llama.bodies["chat"][-1]["messages"][-1] == {"role": "assistant",
+                                                            "content": _SPLIT[0]}
 
 
 # -- refusals at submit -----------------------------------------------------------------------
