@@ -248,21 +248,29 @@ class LlamaCppBackend(OpenAICompatBackend):
         self._splits[id(schema)] = (schema, split)
         return split
 
+    def _prefill(self, request: ModelRequest) -> tuple[str, str] | None:
+        """(prefix, grammar for the rest) when ``request`` is sent with jump-forward."""
+        schema = (request.json_schema or {}).get("schema", request.json_schema)
+        if (not self.jump_forward or not isinstance(schema, dict) or not request.messages
+                or request.messages[-1].get("role") == "assistant"
+                or self.grammar_for(schema) is None):
+            return None
+        return self.split_for(schema)
+
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         body = super().build_body(request)
         rf = body.get("response_format")
         if rf is not None:
-            schema = rf["json_schema"]["schema"]
-            grammar = self.grammar_for(schema)
+            grammar = self.grammar_for(rf["json_schema"]["schema"])
             if grammar is not None:
                 del body["response_format"]
                 body["grammar"] = grammar
-                split = self.split_for(schema) if self.jump_forward else None
-                messages = body.get("messages") or []
-                if split is not None and messages and messages[-1].get("role") != "assistant":
+                split = self._prefill(request)
+                if split is not None:
                     # the reply's forced start goes as a prefilled assistant turn, which
                     # llama-server continues (and returns whole); the grammar covers the rest
-                    body["messages"] = [*messages, {"role": "assistant", "content": split[0]}]
+                    body["messages"] = [*body["messages"],
+                                        {"role": "assistant", "content": split[0]}]
                     body["grammar"] = split[1]
         return body
 
@@ -277,6 +285,11 @@ class LlamaCppBackend(OpenAICompatBackend):
         if self.slot_affinity and self._props is None and not self._no_slots:
             await self._learn_slots()
         response = await super().complete(request)
+        split = self._prefill(request)
+        if split is not None and response.text is not None \
+                and not response.text.startswith(split[0]):
+            # a server that returns only the continuation of a prefill: make the reply whole
+            response = response.model_copy(update={"text": split[0] + response.text})
         listener = ON_TTFT.get()
         if listener is not None and response.ttft_s is not None:
             listener(response.ttft_s)

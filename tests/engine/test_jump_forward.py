@@ -110,3 +110,20 @@ def test_prefilled_replies_are_whole_valid_and_cheaper(llama_server: Any) -> Non
                 decoded[mode] += reply["usage"]["completion_tokens"]
     print(f"tokens decoded over {len(SCHEMAS) * 2} replies: {decoded}")
     assert decoded["jump"] < decoded["whole"]
+
+
+async def test_a_reply_without_its_prefill_is_made_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that returns only the continuation of a prefill (llama-server returns the
+    whole reply) still yields the whole value."""
+    from agentbatch.backends.openai_compat import OpenAICompatBackend
+    from agentbatch.model_io import ModelResponse
+
+    async def continuation_only(self: Any, request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text='positive","reason":"kind staff"}')
+
+    monkeypatch.setattr(OpenAICompatBackend, "complete", continuation_only)
+    backend = backend_from_url("llamacpp://127.0.0.1:1")
+    request = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                           json_schema={"name": "v", "schema": SCHEMAS["verdict"]})
+    reply = await backend.complete(request)
+    assert Verdict.model_validate_json(reply.text or "").label == "positive"

@@ -114,7 +114,8 @@ class FakeLlamaServer:
         if schema is None:  # unconstrained: the small model echoes the schema it was shown
             return '{"properties": {"answer": {"type": "string"}}}'
         found = re.findall(r"Question (\d+)", prompt)
-        return json.dumps({"answer": f"a{found[-1] if found else '?'}"})
+        # compact, as under the compact grammar (and a prefilled reply starts with its prefix)
+        return json.dumps({"answer": f"a{found[-1] if found else '?'}"}, separators=(",", ":"))
 
     async def _props(self, request: web.Request) -> web.Response:
         self._record("props")
