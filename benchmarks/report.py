@@ -330,7 +330,10 @@ def render_engine(data: dict[str, Any]) -> str:
                   "that finished._", ""]
     parts += ["Engine columns come from llama-server's own `/metrics`: decode calls are its "
               "batched steps; prompt s and generate s are the seconds its slots spent on each, "
-              "summed over slots (4 slots overlap, so they can exceed the wall time).", ""]
+              "summed over slots (4 slots overlap, so they can exceed the wall time). TTFT is "
+              "per request, from its send: the embedded engine keeps turns past the slot count "
+              "in its own queue, so its TTFT leaves that wait out, while the naive loop's "
+              "includes the wait in llama.cpp's queue; compare wall times.", ""]
     for wl, per in data.get("summary", {}).items():
         rows = [[name + (f" (cut off at {s.get('batch_agent_cutoff_s')} s)"
                          if v.get("timed_out_runs") else ""),

@@ -47,11 +47,10 @@ def default_threads() -> int:
 # request, and that path always saves the slot's conversation to its host-memory prompt cache
 # (``--cache-ram``, 8 GiB by default) and restores the best match for the new request. With the
 # default (0.1) it picks the slot sharing the longest prefix, and saves the old conversation
-# only when more than half of it would be lost, which a long shared system prompt never
-# allows, so an agent's second turn recomputed its first turn's messages. Measured on
-# bench_engine's 40-agent tools workload (2 rounds each): prompt tokens computed 3742-3770 vs
-# 4402-4469, wall 56-60 s vs 63-69 s (agentbatch) and 62-68 s vs 71-73 s (the naive loop);
-# the single-turn structured workload was unchanged (18.1 vs 18.5 s).
+# only when more than half of it would be lost (``server-context.cpp``), which a long shared
+# system prompt never allows, so an agent's second turn recomputed its first turn's messages.
+# tests/engine/test_llamacpp_engine.py checks the difference: 405 of 423 prompt tokens cached
+# on a second turn after 8 other requests, against 371 (the system prompt) with the default.
 SLOT_SELECTION = ("--slot-prompt-similarity", "0")
 
 STOP_TIMEOUT_S = 15.0

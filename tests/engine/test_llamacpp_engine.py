@@ -8,6 +8,7 @@ prompting that keeps the schema, and the prefix cache at work, all taken from th
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import urllib.request
@@ -17,7 +18,7 @@ import pytest
 
 from agentbatch import submit_batch
 from agentbatch.backends.prom import metric_sum, parse_prometheus
-from tests.engine.reviews import TASK, Verdict, inputs
+from tests.engine.reviews import REVIEWS, TASK, Verdict, inputs
 
 pytestmark = pytest.mark.engine
 
@@ -118,6 +119,38 @@ def test_turns_past_the_slot_count_wait_in_agentbatch_not_in_llamacpp(
                                temperature=0.0).wait(timeout=600)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     assert len(sampler.samples) > 10 and max(sampler.samples) == 0
+
+
+def _chat(url: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0.0}
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+def test_an_agents_next_turn_is_served_from_the_prompt_cache_after_others_ran(
+        llama_server: Any) -> None:
+    """``LlamaServer`` starts llama-server with ``--slot-prompt-similarity 0``: every slot
+    reuse saves the slot's conversation to llama.cpp's host-memory prompt cache, so an agent's
+    second turn finds its first turn there even after other agents used every slot. (With the
+    default similarity selection only the shared system prompt was found.)"""
+    url = llama_server.http_url
+    first = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": TASK.format(i=9001, text=REVIEWS[0])}]
+    reply = _chat(url, first)
+    first_prompt = reply["usage"]["prompt_tokens"]
+    for i in range(2 * llama_server.parallel):  # other agents take every slot, twice over
+        _chat(url, [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": TASK.format(i=9100 + i, text=REVIEWS[1])}])
+    second = [*first, {"role": "assistant",
+                       "content": reply["choices"][0]["message"]["content"]},
+              {"role": "user", "content": "Reply again, shorter."}]
+    usage = _chat(url, second)["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    print(f"second turn: {cached} of {usage['prompt_tokens']} prompt tokens cached; the first "
+          f"turn's prompt was {first_prompt}")
+    assert cached >= first_prompt
 
 
 def test_batch_prompting_keeps_the_schema(llama_server: Any) -> None:
