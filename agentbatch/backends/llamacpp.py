@@ -44,9 +44,12 @@ near-done-first order, not llama.cpp's first-come queue, picks the turn that get
 Turns are streamed by default (``?stream=0`` turns it off), unlike on the other schemes:
 SmolLM2 under a grammar often writes one string on and on until ``max_tokens``, and only a
 streamed reply can be stopped there (``loop_guard.py``; llama-server stops generating when
-the client goes away). On the 40-agent tools workload of ``bench_engine`` that generated 37%
-fewer tokens (2955 vs 4654, median of 2 rounds) and took 0.80x the wall time of the same
-turns unstreamed (64.7 vs 80.5 s), for ~9 ms of client CPU per turn instead of ~2.
+the client goes away). It pays where replies run away: on ``bench_engine``'s tools workload
+with a free-string tool argument it generated 37% fewer tokens (2955 vs 4654) in 0.80x the
+wall time of the same turns unstreamed (an earlier session's run). With the workload's
+argument now an ``enum`` (``benchmarks/results/engine.json``), runaways are rare and the two
+are even (53.9 vs 52.2 s median, 1,368 vs 1,435 tokens), for ~6 ms of client CPU per turn
+instead of ~2.
 Each streamed turn's time to first token (``ModelResponse.ttft_s``) is handed to the
 ``ON_TTFT`` listener set in the caller's context (``observe_ttft``), so a benchmark can report
 TTFT percentiles without reaching into the orchestrator.
