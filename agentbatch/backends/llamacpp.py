@@ -35,8 +35,9 @@ reply starts with (``gbnf.split_gbnf``: ``{"label":"`` for a verdict, the whole
 required) goes as a prefilled assistant turn; llama-server continues it under the grammar for
 the rest and returns the whole reply, so those tokens are read as prompt (batched) instead of
 decoded one step each. Starts shorter than ``MIN_PREFILL_CHARS`` (``{"``) are not worth a
-prefill. Measured on the real engine: 12 replies over six schema shapes decoded 258 tokens vs
-517 (tests/engine/test_jump_forward.py), all valid.
+prefill, and a start that a free string would follow is not prefilled at all: SmolLM2 then
+lost the thread (``gbnf.split_gbnf``). Measured on the real engine: 12 replies over six schema
+shapes decoded 253 tokens vs 517 (tests/engine/test_jump_forward.py), all valid.
 
 The embedded engine keeps at most ``total_slots`` turns in flight (``inflight_hint``), so its
 near-done-first order, not llama.cpp's first-come queue, picks the turn that gets a free slot.

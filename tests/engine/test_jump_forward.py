@@ -57,9 +57,15 @@ def test_the_forced_start_of_each_schema() -> None:
         "nested": '{"kind":"',
         "calls_only": '{"tool_calls":[{"name":"price","arguments":{"item":"',
         "calls_only_two_tools": '{"tool_calls":[{"name":"',
-        "final_only": '{"final":{"item":"',
+        "final_only": "",  # a free string would follow: not prefilled (see split_gbnf)
         "union": '{"',
     }
+
+
+def test_a_start_followed_by_a_free_string_is_not_split() -> None:
+    free = union_schema([OPEN_TOOL], ANSWER, allow_final=False, max_calls=1)
+    assert split_gbnf(free) is None  # '{"tool_calls":[{"name":"lookup","arguments":{"key":"'
+    assert split_gbnf(SCHEMAS["final_only"]) is None
 
 
 def test_nothing_forced_or_nothing_left_is_no_split() -> None:
