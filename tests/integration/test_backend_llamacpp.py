@@ -44,12 +44,7 @@ class Answer(BaseModel):
 
 # llama-server takes a schema as ``json_schema`` or, compiled, as a GBNF ``grammar`` (what
 # ``llamacpp://`` sends by default: compact JSON); the fake knows the grammars of its schemas.
-# With jump-forward the reply's forced start comes as a prefilled assistant turn and the
-# grammar covers the rest; llama-server returns the whole reply, prefill included.
-_SPLIT = split_gbnf(Answer.model_json_schema())
-assert _SPLIT is not None
-GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema(),
-                   _SPLIT[1]: Answer.model_json_schema()}
+GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema()}
 
 
 def constraint(body: dict[str, Any]) -> Any:
@@ -326,9 +321,9 @@ async def test_turns_are_streamed_unless_the_url_says_stream_0(llama: FakeLlamaS
         assert json.loads(resp.text or "") == {"answer": "a7"}
         assert resp.finish_reason == "stop" and resp.usage.completion_tokens == 6
         assert bool(llama.bodies["chat"][-1].get("stream")) is streamed
-        # jump-forward: the forced start was prefilled, and the reply came back whole
-        assert llama.bodies["chat"][-1]["messages"][-1] == {"role": "assistant",
-                                                            "content": _SPLIT[0]}
+        # no jump-forward here: a free string follows the forced start (gbnf.split_gbnf)
+        assert split_gbnf(Answer.model_json_schema()) is None
+        assert llama.bodies["chat"][-1]["messages"][-1]["role"] == "user"
 
 
 # -- refusals at submit -----------------------------------------------------------------------
