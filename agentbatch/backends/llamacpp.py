@@ -223,34 +223,18 @@ class LlamaCppBackend(OpenAICompatBackend):
         """The compact GBNF grammar for ``schema``, or None (send the schema itself)."""
         if not self.compact_json or not isinstance(schema, dict):
             return None
-        hit = self._grammars.get(id(schema))
-        if hit is not None and hit[0] is schema:
-            return hit[1]
+        return _per_schema(self._grammars, schema, self._translate)
+
+    def _translate(self, schema: dict[str, Any]) -> str | None:
         try:
-            grammar: str | None = to_gbnf(schema)
+            return to_gbnf(schema)
         except Unsupported as exc:
             log.debug("%s: schema sent as response_format (%s)", self.name, exc)
-            grammar = None
-        if len(self._grammars) >= 64:
-            self._grammars.clear()
-        self._grammars[id(schema)] = (schema, grammar)
-        return grammar
+            return None
 
     def split_for(self, schema: Any) -> tuple[str, str] | None:
         """(forced prefix, grammar for the rest) of ``schema``, or None (see ``jump_forward``)."""
-        hit = self._splits.get(id(schema))
-        if hit is not None and hit[0] is schema:
-            return hit[1]
-        try:
-            split = split_gbnf(schema)
-        except Unsupported:
-            split = None
-        if split is not None and len(split[0]) < MIN_PREFILL_CHARS:
-            split = None
-        if len(self._splits) >= 64:
-            self._splits.clear()
-        self._splits[id(schema)] = (schema, split)
-        return split
+        return _per_schema(self._splits, schema, _split_worth_it)
 
     def _prefill(self, request: ModelRequest) -> tuple[str, str] | None:
         """(prefix, grammar for the rest) when ``request`` is sent with jump-forward."""
@@ -339,3 +323,25 @@ class LlamaCppBackend(OpenAICompatBackend):
         schema = response_format(json_schema)["json_schema"]["schema"]
         grammar = self.grammar_for(schema)
         return None, ({"grammar": grammar} if grammar is not None else {"json_schema": schema})
+
+
+def _split_worth_it(schema: dict[str, Any]) -> tuple[str, str] | None:
+    try:
+        split = split_gbnf(schema)
+    except Unsupported:
+        return None
+    return split if split is not None and len(split[0]) >= MIN_PREFILL_CHARS else None
+
+
+def _per_schema(cache: dict[int, tuple[Any, Any]], schema: Any, build: Callable[[Any], Any]
+                ) -> Any:
+    """``build(schema)``, once per schema object: schemas are built once per plan, and the
+    cache holds each schema so its id cannot be reused while the entry lives."""
+    hit = cache.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    if len(cache) >= 64:
+        cache.clear()
+    value = build(schema)
+    cache[id(schema)] = (schema, value)
+    return value
