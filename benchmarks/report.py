@@ -362,6 +362,42 @@ def render_engine(data: dict[str, Any]) -> str:
     return "\n".join(parts).rstrip()
 
 
+def render_engine_costs(data: dict[str, Any]) -> str:
+    """bench_engine_costs: llama-server's seconds per prompt / decoded token, and what they
+    predict for bench_engine's runs."""
+    c = data["costs"]
+    head = "### What a token costs the real engine, and the wall it predicts"
+    cost_tbl = table(["token", "ms / token"], [
+        ["prompt (4 requests at once, ~35 new tokens each after a cached prefix)",
+         fmt(1000 * c["prompt"]["s_per_token"])],
+        ["decoded, 1 request", fmt(1000 * c["decode_1"]["s_per_token"])],
+        ["decoded, 4 requests at once", fmt(1000 * c["decode_4"]["s_per_token"])]])
+    rows = []
+    for workload, systems in data["predicted"].items():
+        if workload.endswith("_floor"):
+            continue
+        for system, r in systems.items():
+            rows.append([workload, system, fmt(r["prompt_tokens"], 0),
+                         fmt(r["generated_tokens"], 0), fmt(r["measured_wall_s"], 1),
+                         fmt(r["predicted_wall_s"], 1), fmt(r.get("ratio_to_naive"))])
+    pred_tbl = table(["workload", "system", "prompt tokens", "generated tokens",
+                      "measured wall s", "predicted wall s", "measured / naive"], rows)
+    bullets = []
+    floor = data["predicted"].get("tools_40_floor")
+    if floor:
+        tokens = c["tools_reply_tokens"]["mean_per_agent"]
+        bullets.append(
+            f"- tools_40 floor: naive's prompt tokens plus the two shortest valid replies "
+            f"({fmt(tokens, 0)} tokens per agent), every token at the prompt price: "
+            f"{fmt(floor['least_predicted_wall_s'], 1)} s predicted vs naive's "
+            f"{fmt(floor['naive_predicted_wall_s'], 1)} s, "
+            f"**{fmt(floor['least_ratio_to_naive'])}x**")
+    src = data.get("engine_json", {})
+    bullets.append(f"- runs from `{src.get('path')}` (commit {(src.get('commit') or '?')[:8]}), "
+                   f"medians; `{data.get('command', '')}`")
+    return "\n".join([head, "", cost_tbl, "", pred_tbl, "", *bullets, "", _machine_line(data)])
+
+
 def render_scale(data: dict[str, Any]) -> str:
     """benchmarks/bench_scale.py: submitting N agents, chunked vs one MULTI/EXEC."""
     c = data["chunking"]
@@ -492,7 +528,8 @@ RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
              "recovery_default": render_recovery, "rate_limit": render_rate_limit,
-             "engine": render_engine, "scale": render_scale, "failover": render_failover,
+             "engine": render_engine, "engine_costs": render_engine_costs,
+             "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
              "profile_fleet": render_profile_fleet}
 
