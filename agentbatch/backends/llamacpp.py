@@ -51,6 +51,14 @@ wall time of the same turns unstreamed (an earlier session's run). With the work
 argument now an ``enum`` (``benchmarks/results/engine.json``), runaways are rare and the two
 are even (53.9 vs 52.2 s median, 1,368 vs 1,435 tokens), for ~6 ms of client CPU per turn
 instead of ~2.
+Streamed connections are not reused: this build's stream provider returns false after the last
+chunk, which cpp-httplib takes as a cancelled write, so it closes the connection without a
+``Connection: close`` header. A client that pools it races that close: 2-5 of 60 streamed
+turns from 4 concurrent callers failed on the next request (``ServerDisconnectedError``, "Can
+not write request body"), and 10 in a 20-agent demo run, one agent ending
+``backend_unavailable`` after 3 such attempts. So a streamed request says ``Connection:
+close`` (0 of 60 failed; tests/engine/test_stream_connections.py); plain requests keep their
+connections.
 Each streamed turn's time to first token (``ModelResponse.ttft_s``) is handed to the
 ``ON_TTFT`` listener set in the caller's context (``observe_ttft``), so a benchmark can report
 TTFT percentiles without reaching into the orchestrator.
@@ -261,6 +269,12 @@ class LlamaCppBackend(OpenAICompatBackend):
                                         {"role": "assistant", "content": split[0]}]
                     body["grammar"] = split[1]
         return body
+
+    def _extra_headers(self, request: ModelRequest) -> dict[str, str]:
+        """A streamed turn asks for its connection to be closed after it: llama-server drops
+        it anyway, without saying so (module docstring), and a pooled one fails the next
+        request sent on it."""
+        return {"Connection": "close"} if self.stream else {}
 
     def _extra_body(self, request: ModelRequest) -> dict[str, Any]:
         extra: dict[str, Any] = {"cache_prompt": True}
