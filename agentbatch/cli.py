@@ -125,7 +125,12 @@ def worker(
                                              "secret), instead of --redis-url."),
     pool: str = typer.Option("threads", help="Celery pool: threads (IO-bound default), "
                                              "prefork, solo."),
-    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+    metrics_port: int = typer.Option(None, min=1, max=65535,
+                                     help="Serve Prometheus metrics on this port."),
+    metrics_host: str = typer.Option("127.0.0.1", envvar="AGENTBATCH_METRICS_HOST",
+                                     help="Interface the metrics port listens on; "
+                                          "0.0.0.0 exposes it to the network (k8s, "
+                                          "where a NetworkPolicy limits who reaches it)."),
     hostname: str = typer.Option(None, help="Celery node name (default: generated)."),
     loglevel: str = typer.Option("INFO"),
 ) -> None:
@@ -162,7 +167,7 @@ def worker(
     if metrics_port:
         from .workers.metrics import serve_metrics
 
-        serve_metrics(metrics_port)
+        serve_metrics(metrics_port, host=metrics_host)
     argv = ["worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "--loglevel", loglevel,
             "--without-mingle", "--without-gossip"]
     if hostname:

@@ -18,8 +18,9 @@ class WorkerProcess:
     def __init__(self, redis_url: str, *, queues: str = "inference,tools", concurrency: int = 8,
                  name: str = "w", env: dict[str, str] | None = None,
                  pool: str = "threads", supervise: bool = False,
-                 loglevel: str = "INFO") -> None:
+                 loglevel: str = "INFO", extra_args: list[str] | None = None) -> None:
         self.redis_url = redis_url
+        self.extra_args = list(extra_args or [])
         self.loglevel = loglevel
         self.queues = queues
         self.concurrency = concurrency
@@ -47,7 +48,7 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "agentbatch.cli", "worker", "--queues", self.queues,
                "--concurrency", str(self.concurrency), "--redis-url", self.redis_url,
                "--pool", self.pool, "--hostname", f"{self.name}-{os.getpid()}@%h",
-               "--loglevel", self.loglevel]
+               "--loglevel", self.loglevel, *self.extra_args]
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=REPO)

@@ -588,3 +588,32 @@ def test_redis_server_starts_on_the_k8s_conf_with_the_rendered_acl():
 
 def k8s_redis_conf_text() -> str:
     return k8s_objects("ConfigMap")["redis-config"]["data"]["redis.conf"]
+
+
+def test_k8s_ports_open_to_the_network_are_limited_by_a_network_policy():
+    """A worker's metrics and Flower listen on 0.0.0.0 in k8s (the default is 127.0.0.1),
+    so a NetworkPolicy must decide who reaches those ports, and kustomize must apply it."""
+    policies = k8s_objects("NetworkPolicy")
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert "network-policy.yaml" in listed
+    covered: dict[str, set[int]] = {}
+    for policy in policies.values():
+        selector = policy["spec"]["podSelector"]
+        names = set(selector.get("matchLabels", {}).values())
+        for expr in selector.get("matchExpressions", []):
+            assert expr["key"] == "app.kubernetes.io/name" and expr["operator"] == "In"
+            names |= set(expr["values"])
+        assert "Ingress" in policy["spec"]["policyTypes"]
+        for rule in policy["spec"]["ingress"]:
+            assert rule["from"], "an ingress rule with no source would admit everyone"
+            for name in names:
+                covered.setdefault(name, set()).update(p["port"] for p in rule["ports"])
+    for deployment in k8s_objects("Deployment").values():
+        name = deployment["metadata"]["labels"]["app.kubernetes.io/name"]
+        argv = container_argv(pod_containers(deployment)[0])
+        if "--metrics-port" in argv:
+            assert option(argv, "--metrics-host") == "0.0.0.0"
+            assert int(option(argv, "--metrics-port")) in covered.get(name, set()), name
+        if "--address" in argv:
+            assert int(option(argv, "--port")) in covered.get(name, set()), name
+    assert 6379 in covered["redis"]
