@@ -1,9 +1,9 @@
-"""A small, pure parser for the Prometheus text format, and the server-load view built on it.
+"""Prometheus text parsing (via ``prometheus_client``) and the server-load view built on it.
 
 The engines only need a handful of gauges (running / waiting requests, prefix-cache hit rate)
-from vLLM, SGLang or Dynamo, so a ~100-line parser beats a dependency on prometheus_client.
-Metric names differ between servers *and* between vLLM versions; ``parse_server_load`` knows
-them all and sums over label sets (several engines or models behind one endpoint).
+from vLLM, SGLang, Dynamo or llama.cpp. Metric names differ between servers *and* between vLLM
+versions; ``parse_server_load`` knows them all and sums over label sets (several engines or
+models behind one endpoint).
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from .base import ServerLoad
+
+# What prometheus_client's parser raises on a malformed line (IndexError on some label sets).
+_PARSE_ERRORS = (ValueError, IndexError)
 
 
 @dataclass(frozen=True)
@@ -24,84 +29,41 @@ class Sample:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
-    """Parse ``{k="v",...}`` from ``text[start] == '{'``; returns labels and the index after '}'.
-
-    Quoted values may contain commas, braces and backslash escapes, so this scans by hand.
-    """
-    labels: dict[str, str] = {}
-    i = start + 1
-    n = len(text)
-    while i < n:
-        while i < n and text[i] in " ,":
-            i += 1
-        if i < n and text[i] == "}":
-            return labels, i + 1
-        eq = text.find("=", i)
-        if eq < 0:
-            break
-        key = text[i:eq].strip()
-        i = eq + 1
-        while i < n and text[i] == " ":
-            i += 1
-        if i >= n or text[i] != '"':
-            break
-        i += 1
-        buf: list[str] = []
-        while i < n and text[i] != '"':
-            if text[i] == "\\" and i + 1 < n:
-                nxt = text[i + 1]
-                buf.append("\n" if nxt == "n" else nxt)
-                i += 2
-            else:
-                buf.append(text[i])
-                i += 1
-        labels[key] = "".join(buf)
-        i += 1  # closing quote
-    raise ValueError("unterminated label set")
+def _samples(text: str) -> list[Sample]:
+    """Every sample of ``text``; raises as prometheus_client does on a malformed line."""
+    return [
+        Sample(name=s.name, value=float(s.value), labels=dict(s.labels))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
 
 
-def _parse_value(token: str) -> float:
-    low = token.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    if low == "nan":
-        return math.nan
-    return float(token)
+def _samples_by_line(text: str) -> list[Sample]:
+    """The samples of each line parsed on its own; the lines the parser rejects are skipped."""
+    samples: list[Sample] = []
+    for line in text.splitlines():
+        try:
+            samples.extend(_samples(line))
+        except _PARSE_ERRORS:
+            continue
+    return samples
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """All samples in a Prometheus/OpenMetrics text exposition.
+    """All samples in a Prometheus text exposition, parsed by ``prometheus_client``.
 
-    Comments, malformed lines and ``*_created`` series (counter creation timestamps, which
-    would otherwise be summed as if they were values) are skipped.
+    Names are as exposed (a counter keeps its ``_total``; one typed ``counter`` but exposed
+    without it gets ``_total`` from the parser, which ``metric_sum`` treats alike). ``*_created``
+    series (counter creation timestamps, which would otherwise be summed as if they were
+    values) are dropped. Never raises on a malformed body: prometheus_client gives up on the
+    whole body at the first bad line, so the body is then parsed again one line at a time
+    (without its ``# TYPE``, so every name is exactly as exposed) and the bad lines skipped.
     """
-    samples: list[Sample] = []
-    for raw_line in text.splitlines():
-        line = raw_line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            brace = line.find("{")
-            space = line.find(" ")
-            if brace >= 0 and (space < 0 or brace < space):
-                name = line[:brace]
-                labels, end = _parse_labels(line, brace)
-                rest = line[end:].split()
-            else:
-                name, *rest = line.split()
-                labels = {}
-            if not rest:
-                continue
-            value = _parse_value(rest[0])
-        except ValueError:
-            continue
-        if name.endswith("_created"):
-            continue
-        samples.append(Sample(name=name, value=value, labels=labels))
-    return samples
+    try:
+        samples = _samples(text)
+    except _PARSE_ERRORS:
+        samples = _samples_by_line(text)
+    return [s for s in samples if not s.name.endswith("_created")]
 
 
 def _values(samples: Iterable[Sample], name: str) -> list[float]:

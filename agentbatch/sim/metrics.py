@@ -8,8 +8,19 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 # ``/v1/completions`` bodies kept for ``/sim/stats`` (tests check what a client sent).
 RECENT_COMPLETIONS = 8
@@ -112,80 +123,57 @@ class SimStats:
         }
 
 
-def _num(value: float) -> str:
-    return repr(float(value))
+class _SimCollector:
+    """The simulator's counters as vLLM's metric families (a prometheus_client collector)."""
+
+    def __init__(self, stats: SimStats, model: str, cache_usage: float) -> None:
+        self.stats, self.model, self.cache_usage = stats, model, cache_usage
+
+    def _one(self, family: GaugeMetricFamily | CounterMetricFamily, value: float,
+             *labels: str) -> Metric:
+        family.add_metric([self.model, *labels], value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        stats, label = self.stats, ["model_name"]
+        hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+        for name, help_, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             stats.running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             stats.waiting),
+            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+             self.cache_usage),
+            ("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", hit_rate),
+        ):
+            yield self._one(GaugeMetricFamily(name, help_, labels=label), value)
+        # Exposed as ``<name>_total``; with no ``created`` given there is no ``*_created`` series.
+        for name, help_, value in (
+            ("vllm:prefix_cache_queries",
+             "Prefix cache queries, in terms of number of queried tokens.", stats.prompt_tokens),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             stats.cached_tokens),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
+            ("vllm:generation_tokens", "Number of generation tokens processed.",
+             stats.completion_tokens),
+        ):
+            yield self._one(CounterMetricFamily(name, help_, labels=label), value)
+        success = CounterMetricFamily("vllm:request_success",
+                                      "Count of successfully processed requests.",
+                                      labels=[*label, "finished_reason"])
+        yield self._one(success, stats.success, "stop")
+
+        ttft = stats.ttft
+        cumulative = accumulate(ttft.counts[: len(ttft.buckets)])
+        buckets = [(floatToGoString(b), n) for b, n in zip(ttft.buckets, cumulative, strict=True)]
+        buckets.append(("+Inf", ttft.count))
+        histogram = HistogramMetricFamily("vllm:time_to_first_token_seconds",
+                                          "Histogram of time to first token in seconds.",
+                                          labels=label)
+        histogram.add_metric([self.model], buckets, sum_value=ttft.total)
+        yield histogram
 
 
 def render_prometheus(stats: SimStats, model: str, cache_usage: float) -> str:
-    """Prometheus text exposition (format 0.0.4) with vLLM's metric names."""
-    label = f'model_name="{model}"'
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, value: float, extra: str = "") -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{{{label}{extra}}} {_num(value)}")
-
-    hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        stats.running,
-    )
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        stats.waiting,
-    )
-    metric(
-        "vllm:gpu_cache_usage_perc",
-        "gauge",
-        "GPU KV-cache usage. 1 means 100 percent usage.",
-        cache_usage,
-    )
-    metric("vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache block hit rate.", hit_rate)
-    metric(
-        "vllm:prefix_cache_queries_total",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        stats.prompt_tokens,
-    )
-    metric(
-        "vllm:prefix_cache_hits_total",
-        "counter",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        stats.cached_tokens,
-    )
-    metric(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Number of prefill tokens processed.",
-        stats.prompt_tokens,
-    )
-    metric(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        stats.completion_tokens,
-    )
-    metric(
-        "vllm:request_success_total",
-        "counter",
-        "Count of successfully processed requests.",
-        stats.success,
-        ',finished_reason="stop"',
-    )
-
-    name = "vllm:time_to_first_token_seconds"
-    lines.append(f"# HELP {name} Histogram of time to first token in seconds.")
-    lines.append(f"# TYPE {name} histogram")
-    cumulative = 0
-    for bound, n in zip(stats.ttft.buckets, stats.ttft.counts, strict=False):
-        cumulative += n
-        lines.append(f'{name}_bucket{{{label},le="{bound}"}} {_num(cumulative)}')
-    lines.append(f'{name}_bucket{{{label},le="+Inf"}} {_num(stats.ttft.count)}')
-    lines.append(f"{name}_count{{{label}}} {_num(stats.ttft.count)}")
-    lines.append(f"{name}_sum{{{label}}} {_num(stats.ttft.total)}")
-    return "\n".join(lines) + "\n"
+    """Prometheus text exposition (by prometheus_client) with vLLM's metric names."""
+    return generate_latest(_SimCollector(stats, model, cache_usage)).decode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +30,7 @@ def _free_port() -> int:
 def _listening_hosts(port: int) -> set[str]:
     """Local addresses with a socket listening on ``port`` (IPv4, from /proc/net/tcp)."""
     hosts = set()
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         local, state = line.split()[1], line.split()[3]
         addr, _, hexport = local.partition(":")
         if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN

@@ -81,6 +81,36 @@ def test_parse_samples_with_labels_and_timestamps() -> None:
     assert metric_mean(samples, "m") == 2.5
 
 
+def test_a_malformed_line_loses_only_itself() -> None:
+    """The parser gives up on a whole body at a bad line; every other line must still count."""
+    bad_lines = (
+        'vllm:num_requests_running{engine="2" 7\n'  # unterminated label set
+        'vllm:num_requests_running{engine="3", ="x"} 9\n'  # prometheus_client: IndexError
+        "vllm:num_requests_waiting{engine=\"4\"} not-a-number\n"
+    )
+    head, tail = VLLM_V1.split("# TYPE vllm:num_requests_waiting gauge\n")
+    text = head + bad_lines + "# TYPE vllm:num_requests_waiting gauge\n" + tail
+    load, counters = parse_server_load(text)
+    assert load is not None
+    assert (load.running, load.waiting) == (16.0, 2.0)
+    assert counters == PrefixCounters(hits=1600.0, queries=2000.0)
+    assert load.prefix_cache_hit_rate == pytest.approx(0.8)
+
+
+def test_counter_names_typed_with_or_without_total() -> None:
+    """llama.cpp types its counters under the ``_total`` name; others type the bare name."""
+    text = (
+        "# TYPE llamacpp:prompt_tokens_total counter\n"
+        "llamacpp:prompt_tokens_total 100\n"
+        "# TYPE other counter\n"
+        "other 5\n"
+    )
+    samples = parse_prometheus(text)
+    assert {s.name: s.value for s in samples} == {
+        "llamacpp:prompt_tokens_total": 100.0, "other_total": 5.0}
+    assert metric_sum(samples, "other") == metric_sum(samples, "other_total") == 5.0
+
+
 def test_vllm_old_gauge_names() -> None:
     load, counters = parse_server_load(VLLM_OLD)
     assert load is not None
