@@ -46,6 +46,9 @@ class AgentResult(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     latency_s: float | None = None
+    # Seconds from sending the agent's first streamed model turn to its first token; None
+    # when no turn streamed (streaming is a backend option: ``?stream=1``, llamacpp:// default).
+    ttft_s: float | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready form; ``output`` is dumped through its Pydantic model."""

@@ -41,6 +41,7 @@ class AgentState(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     tool_log: list[ToolCallRecord] = Field(default_factory=list)
     text: str | None = None
+    ttft_s: float | None = None  # time to first token of the first streamed model turn
     output: Any = None  # the validated JSON value when DONE
     error: AgentError | None = None
 

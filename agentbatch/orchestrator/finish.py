@@ -24,6 +24,7 @@ def result_from_state(state: AgentState, latency_s: float | None = None) -> Agen
         usage=state.usage,
         tool_calls=state.tool_log,
         latency_s=latency_s,
+        ttft_s=state.ttft_s,
     )
 
 

@@ -185,6 +185,7 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
         "steps": steps,
         "usage": state.usage + resp.usage,
         "messages": [*state.messages, resp.to_message()],
+        "ttft_s": resp.ttft_s if state.ttft_s is None else state.ttft_s,
     }
     if resp.tool_calls:
         if steps >= policy.max_turns:

@@ -53,10 +53,11 @@ def test_streaming_ttft_comes_from_the_real_stream(
         llama_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every streamed turn records a TTFT that is positive and shorter than the turn itself.
 
-    ``AgentResult`` carries no TTFT, so the test records what the backend measured
-    (``ModelResponse.ttft_s``) around the real streaming call, with that call's wall time.
-    A TTFT strictly below the call's wall time shows the first token arrived while the rest
-    of the reply was still streaming (a non-streamed reply would record nothing here).
+    The test records what the backend measured (``ModelResponse.ttft_s``) around the real
+    streaming call, with that call's wall time. A TTFT strictly below the call's wall time
+    shows the first token arrived while the rest of the reply was still streaming (a
+    non-streamed reply would record nothing here). ``AgentResult.ttft_s`` is the first
+    streamed turn's.
     """
     lock = threading.Lock()
     seen: dict[int, list[tuple[float | None, float]]] = defaultdict(list)
@@ -86,6 +87,7 @@ def test_streaming_ttft_comes_from_the_real_stream(
         assert ttft is not None, f"agent {r.index}: the stream gave no TTFT"
         assert 0 < ttft < wall, (r.index, ttft, wall)
         assert r.latency_s is None or ttft < r.latency_s
+        assert r.ttft_s == seen[r.index][0][0], (r.index, r.ttft_s, seen[r.index])
     ttfts = sorted(t for r in results for t, _ in seen[r.index] if t is not None)
     print(f"streamed TTFT over {len(ttfts)} turns: min {ttfts[0]:.3f}s max {ttfts[-1]:.3f}s")
 

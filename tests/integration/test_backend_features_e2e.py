@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from agentbatch import run_batch, submit_batch, tool
 from agentbatch.sim.config import SimConfig
@@ -80,10 +79,15 @@ def test_backpressure_holds_dispatch_while_the_server_queue_is_long():
 
 
 def test_streaming_backend_reports_ttft(sim):
-    results = run_batch("Agent {i}.", [{"i": i} for i in range(3)], model="m",
-                        backend=_sim_url(sim.url) + "?stream=1")
-    assert all(r.ok for r in results)
-    time.sleep(0)
+    """Each result carries the TTFT of its agent's first streamed turn; unstreamed, none."""
+    inputs = [{"i": i} for i in range(3)]
+    streamed = run_batch("Agent {i}.", inputs, model="m", backend=_sim_url(sim.url) + "?stream=1")
+    plain = run_batch("Agent {i}.", inputs, model="m", backend=_sim_url(sim.url))
+    assert all(r.ok for r in streamed + plain)
+    for r in streamed:
+        assert r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s, (r.ttft_s, r.latency_s)
+        assert r.to_json_dict()["ttft_s"] == r.ttft_s
+    assert [r.ttft_s for r in plain] == [None, None, None]
 
 
 CACHED_RUNS: list[str] = []

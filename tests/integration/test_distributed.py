@@ -238,3 +238,16 @@ def test_consumer_watchdog_detects_a_stalled_consumer(redis_url):
     client.delete(queue_key("inference", 9))
     now[0] += 10
     assert not dog.stalled(client, slots=4)  # nothing waiting
+
+
+def test_a_streamed_agents_ttft_reaches_its_result_through_redis(
+        redis_url, sim_url, start_workers):
+    start_workers(1, concurrency=4)
+    task = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'
+    inputs = [{"i": i} for i in range(4)]
+    streamed = _submit(redis_url, sim_url + "?stream=1", task, inputs, tools=[lookup])
+    plain = _submit(redis_url, sim_url, task, inputs, tools=[lookup])
+    for r in streamed.wait(timeout=120):
+        assert r.ok and r.turns == 2, r.error
+        assert r.ttft_s is not None and r.ttft_s > 0
+    assert [r.ttft_s for r in plain.wait(timeout=120)] == [None] * 4
