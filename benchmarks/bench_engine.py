@@ -29,8 +29,8 @@ each round), every system on every workload against that same server:
   agentbatch sends), ``response_format`` json_schema, one repair turn (agentbatch gets the same
   budget: ``max_retries=1``). On (b) it speaks the same json tool protocol as
   ``tool_calling="json"`` (same union schema, same system text, same rendering of tool
-  results), forces the first call as ``tool_choice="required"`` does, and runs every tool call
-  itself: no coalescing;
+  results), sends the model's own reply back as the assistant turn, forces the first call as
+  ``tool_choice="required"`` does, and runs every tool call itself: no coalescing;
 * ``embedded_stream`` / ``naive_stream``: the same with every turn streamed (``?stream=1`` on
   the backend URL, as ``embedded`` now does by default; ``"stream": true`` and an SSE reader
   in the naive loop), for TTFT: the
@@ -288,7 +288,8 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
 
     On (b) it speaks the json tool protocol agentbatch speaks, and forces the tool call as
     agentbatch's ``tool_choice="required"`` does: until the agent has called the tool, the
-    turn's schema allows only calls."""
+    turn's schema allows only calls. The assistant turn repeats the model's reply as it came,
+    as a user's loop does (agentbatch sends it back compacted, in the model's key order)."""
     if workload == "structured":
         schema: type[BaseModel] = Verdict
         system = system_message(SYSTEM_A, OutputContract(Verdict))
@@ -329,8 +330,7 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
             lines = [json.dumps({"arguments": c["arguments"], "name": c["name"],
                                  "result": o}, separators=(",", ":"),
                                 sort_keys=True) for c, o in zip(calls, outs, strict=True)]
-            messages.append({"role": "assistant", "content": json.dumps(
-                {"tool_calls": calls}, separators=(",", ":"), sort_keys=True)})
+            messages.append({"role": "assistant", "content": content})  # its own reply
             messages.append({"role": "user",
                              "content": "\n".join([RESULTS_HEADER, *lines, RESULTS_FOOTER])})
             continue

@@ -238,7 +238,13 @@ def _schemas(plan: Any) -> _Schemas:
     return built
 
 
-def _calls_json(parts: list[dict[str, Any]]) -> str:
+def _compact(value: Any) -> str:
+    """Whitespace-free JSON in the value's own key order (the order the model wrote)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _call_pairs(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each OpenAI-form call part as ``{"name", "arguments"}``, arguments decoded."""
     calls = []
     for part in parts:
         fn = part.get("function") or {}
@@ -247,14 +253,37 @@ def _calls_json(parts: list[dict[str, Any]]) -> str:
         except ValueError:
             args = fn.get("arguments")
         calls.append({"name": fn.get("name"), "arguments": args})
-    return canonical_json({"tool_calls": calls})
+    return calls
+
+
+def _calls_json(content: str | None, parts: list[dict[str, Any]]) -> str:
+    """The assistant turn that asked for ``parts``: the model's own reply, made compact.
+
+    Repeating the reply as the model wrote it (key order included) keeps the next turn's
+    prompt equal, token for token, to what the engine already holds for this conversation,
+    so its prefix cache covers the reply: re-rendered with sorted keys, llama-server
+    recomputed the whole reply on every agent's next turn (~20 of its ~74 new prompt tokens
+    on bench_engine's tools workload). A reply that is not plain JSON saying these calls
+    (code fences, prose, a native reply with no text) is rendered from the calls instead,
+    in the documented ``{"name", "arguments"}`` order.
+    """
+    calls = _call_pairs(parts)
+    try:
+        said = json.loads(content) if content else None
+    except ValueError:
+        said = None
+    if isinstance(said, dict) and isinstance(said.get("tool_calls"), list) \
+            and canonical_json(said["tool_calls"]) == canonical_json(calls):
+        return _compact(said)
+    return _compact({"tool_calls": calls})
 
 
 def render_history(messages: list[Message]) -> list[Message]:
     """``messages`` as a server without a tool template can take them.
 
     An assistant turn with calls becomes its calls as compact JSON, whatever whitespace the
-    model wrote (SmolLM2 copied the compact form into its next replies: fewer tokens);
+    model wrote (SmolLM2 copied the compact form into its next replies: fewer tokens), in
+    the model's own key order (``_calls_json``);
     each run of tool results becomes ONE user message, one JSON line per result, in order,
     then a line inviting the final answer.
     """
@@ -278,14 +307,11 @@ def render_history(messages: list[Message]) -> list[Message]:
             continue
         flush()
         if role == "assistant" and msg.get("tool_calls"):
-            for part in msg["tool_calls"]:
-                fn = part.get("function") or {}
-                try:
-                    args = json.loads(fn.get("arguments") or "{}")
-                except ValueError:
-                    args = fn.get("arguments")
-                names[part.get("id") or ""] = {"name": fn.get("name"), "arguments": args}
-            out.append({"role": "assistant", "content": _calls_json(msg["tool_calls"])})
+            for part, call in zip(msg["tool_calls"], _call_pairs(msg["tool_calls"]),
+                                  strict=True):
+                names[part.get("id") or ""] = call
+            out.append({"role": "assistant",
+                        "content": _calls_json(msg.get("content"), msg["tool_calls"])})
         else:
             out.append(msg)
     flush()

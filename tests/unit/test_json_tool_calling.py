@@ -150,6 +150,27 @@ def test_history_renders_calls_as_json_and_results_as_one_user_message() -> None
         ]
 
 
+def _assistant_turn(text: str | None, calls_from: str) -> str:
+    reply = parse_reply(ModelResponse(text=calls_from), allow_tools=True, turn=1)
+    msg = reply.model_copy(update={"text": text}).to_message()
+    return render_history([{"role": "user", "content": "task"}, msg])[1]["content"]
+
+
+def test_the_assistant_turn_repeats_the_models_reply_token_for_token() -> None:
+    """The engine's prefix cache holds the reply as generated: the next turn must send it
+    back byte for byte (key order included), not re-rendered with sorted keys."""
+    raw = '{"tool_calls":[{"name":"price","arguments":{"item":"kettle","qty":2}}]}'
+    assert _assistant_turn(raw, raw) == raw
+    pretty = '{"tool_calls": [\n  {"name": "price", "arguments": {"item": "kettle", "qty": 2}}]}'
+    assert _assistant_turn(pretty, pretty) == raw  # compacted, the model's order kept
+    # a reply that is not plain JSON, or says other calls, is rendered from the calls
+    fenced = "```json\n" + raw + "\n```"
+    assert _assistant_turn(fenced, fenced) == raw
+    assert _assistant_turn(None, raw) == raw
+    other = '{"tool_calls":[{"name":"price","arguments":{"item":"toaster","qty":2}}]}'
+    assert _assistant_turn(other, raw) == raw
+
+
 def _caps(**kw: object) -> BackendCapabilities:
     return BackendCapabilities(native_json_schema=True, **kw)  # type: ignore[arg-type]
 
