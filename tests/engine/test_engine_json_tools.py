@@ -7,13 +7,13 @@ tool counts its executions in the test's Redis, so coalescing of the shared keys
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import redis
 from pydantic import BaseModel, Field
 
-from agentbatch import AgentResult, submit_batch
+from agentbatch import AgentResult, submit_batch, tool
 from tests.support.tools import price
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -99,3 +99,59 @@ def test_tool_choice_required_distributed(llama_server: Any, redis_url: str,
                                           start_workers: Any) -> None:
     start_workers(1, concurrency=4, env={"AGENTBATCH_WORKER_IMPORTS": "tests.support,tests.engine"})
     _check_required(_run(llama_server, redis_url, "required"), redis_url)
+
+
+@tool(cacheable=True)
+async def catalogue_price(item: Literal["kettle", "toaster"]) -> str:
+    """The price of an item in the shop.
+
+    Args:
+        item: the item's name.
+    """
+    return f"{item} costs 12 euros"
+
+
+def test_an_agents_next_turn_finds_its_own_reply_in_the_prompt_cache(
+        llama_server: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The assistant turn is sent back as the model wrote it, so llama-server's prompt cache
+    covers the whole first exchange (prompt and reply) on the agent's next turn. The tool
+    takes an ``enum``, as in bench_engine: with a free string SmolLM2 often writes to
+    ``max_tokens``, and a cut-off reply is sent back shortened (a repair turn), not whole.
+
+    Re-rendered with sorted keys, the reply diverged from the cached tokens at its first key
+    and was recomputed on every agent's next turn (bench_engine's tools workload: 295 of 310
+    tokens cached, where 309 are now). 8 agents on 4 slots, so conversations move through
+    llama.cpp's host-memory cache as on a busy server (a lone agent on an idle server is sent
+    to an empty slot by ``--slot-prompt-similarity 0``, and nothing is cached at all).
+    """
+    from agentbatch import run_batch
+    from agentbatch.backends import aiohttp_session
+
+    turns: dict[str, list[dict[str, Any]]] = {}
+    original = aiohttp_session.AiohttpSession.post_json
+
+    async def recording(self: Any, path: str, body: dict[str, Any], headers: dict[str, str],
+                        timeout: float) -> Any:
+        reply = await original(self, path, body, headers, timeout)
+        if path.endswith("/chat/completions"):
+            task = next(m["content"] for m in body["messages"] if m["role"] == "user")
+            turns.setdefault(task, []).append(reply.get("timings") or {})
+        return reply
+
+    monkeypatch.setattr(aiohttp_session.AiohttpSession, "post_json", recording)
+    results = run_batch(TASK + " (ticket {i})", [{"item": ITEMS[i % 2], "i": 7700 + i}
+                                                 for i in range(8)],
+                        model=MODEL, backend=llama_server.llamacpp_url + "?stream=0",
+                        system_prompt=SYSTEM, tools=[catalogue_price],
+                        output_schema=PriceReport, tool_calling="json",
+                        tool_choice="required", max_tokens=96, temperature=0.0, max_turns=3)
+    assert sum(r.turns for r in results) == sum(len(t) for t in turns.values())
+    covered = []
+    for task, (first, second, *_) in ((k, t) for k, t in turns.items() if len(t) >= 2):
+        held = first["cache_n"] + first["prompt_n"] + first["predicted_n"]
+        print(f"{task}: held after turn 1 {held}, turn 2 cached {second['cache_n']}, "
+              f"computed {second['prompt_n']}")
+        covered.append(second["cache_n"] >= held - 2)
+    # every agent made a call first (tool_choice="required"), so each has a second turn;
+    # one may have had its conversation evicted by the others'
+    assert len(covered) == 8 and sum(covered) >= 6, covered
