@@ -36,6 +36,9 @@ each round), every system on every workload against that same server:
   in the naive loop), for TTFT: the
   backend's ``ModelResponse.ttft_s`` (heard through ``llamacpp.observe_ttft``) and, naive, the
   time to the first content delta. Only on ``--stream-workloads``;
+* ``embedded_batched``: ``embedded`` with ``batch_prompting=True`` (several agents' turns in
+  one ``/v1/completions`` request, each prompt in the server's chat template and under the
+  schema); structured workload only;
 * ``batch_agent``: ``batch-agent`` 0.2.0 from PyPI, ``vllm://`` backend pointed at the same
   server (llama-server is OpenAI-compatible), its own defaults otherwise (schema as plain text
   in the system prompt, native tools, streamed turns), ``max_retries=1``.
@@ -89,8 +92,9 @@ from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
 SYSTEMS = ("embedded", "embedded_unstreamed", "distributed", "naive", "batch_agent",
-           "embedded_stream", "naive_stream")
+           "embedded_stream", "naive_stream", "embedded_batched")
 STREAMED = ("embedded_stream", "naive_stream")
+STRUCTURED_ONLY = ("embedded_batched",)
 WORKER_IMPORTS = "benchmarks.bench_engine,agentbatch.toolpool.builtins"
 
 # ~350 tokens with SmolLM2's tokenizer (measured from the engine's prompt_tokens counter).
@@ -231,6 +235,18 @@ async def run_embedded_unstreamed(ctx: dict[str, Any], workload: str,
                                   n: int) -> dict[str, Any]:
     """``embedded`` reading whole replies (``?stream=0``), so without the loop guard."""
     return await run_embedded(ctx, workload, n, "?stream=0")
+
+
+async def run_embedded_batched(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    """``embedded`` with ``batch_prompting=True``: up to ``total_slots`` agents' turns per
+    ``/v1/completions`` request, each prompt rendered with the server's chat template and
+    constrained by the schema (``json_schema``). Structured workload only (issue 9, item 4:
+    valid and no slower than plain turns)."""
+    kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
+    task = kw.pop("task")
+    results = await arun_batch(task, kw.pop("inputs"), backend=ctx["llamacpp_url"],
+                               batch_prompting=True, **kw)
+    return _tally(results, kw["output_schema"])
 
 
 async def run_embedded_stream(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
@@ -407,6 +423,7 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
 RUNNERS = {"embedded": run_embedded, "embedded_unstreamed": run_embedded_unstreamed,
            "distributed": run_distributed, "naive": run_naive,
            "batch_agent": run_batch_agent, "embedded_stream": run_embedded_stream,
+           "embedded_batched": run_embedded_batched,
            "naive_stream": run_naive_stream}
 
 
@@ -571,6 +588,8 @@ async def amain(args: argparse.Namespace,
                                 or not {workload, f"{workload}:{n}"} & peer_on):
                             continue
                         if system in STREAMED and not {workload, f"{workload}:{n}"} & stream_on:
+                            continue
+                        if system in STRUCTURED_ONLY and workload != "structured":
                             continue
                         ctx["run"] += 1
                         row = await one_run(ctx, system, workload, n)

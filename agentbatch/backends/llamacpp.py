@@ -332,11 +332,26 @@ class LlamaCppBackend(OpenAICompatBackend):
 
     def _batch_schema(self, json_schema: dict[str, Any]
                       ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """llama.cpp ignores ``response_format`` on completions: the compact grammar, or its
-        own top-level ``json_schema``."""
+        """llama.cpp ignores ``response_format`` on completions: the compact grammar (for the
+        part after the prefill, with jump-forward), or its own top-level ``json_schema``."""
         schema = response_format(json_schema)["json_schema"]["schema"]
+        split = self._batch_split(schema)
+        if split is not None:
+            return None, {"grammar": split[1]}
         grammar = self.grammar_for(schema)
         return None, ({"grammar": grammar} if grammar is not None else {"json_schema": schema})
+
+    def _batch_prefill(self, json_schema: dict[str, Any]) -> str:
+        """Jump-forward on batched prompts too: each prompt ends with the reply's forced start
+        (the rendered template ends with the assistant header, so this is the same text a
+        prefilled chat turn renders to)."""
+        split = self._batch_split(response_format(json_schema)["json_schema"]["schema"])
+        return split[0] if split is not None else ""
+
+    def _batch_split(self, schema: Any) -> tuple[str, str] | None:
+        if not self.jump_forward or self.grammar_for(schema) is None:
+            return None
+        return self.split_for(schema)
 
 
 def _split_worth_it(schema: dict[str, Any]) -> tuple[str, str] | None:

@@ -283,11 +283,13 @@ class OpenAICompatBackend:
     ) -> list[ModelResponse | BackendError]:
         """Complete ``prompts`` with ONE ``/v1/completions`` call; a result or error per prompt.
 
-        Drivers shape the call through two hooks: ``_batch_prompts`` (the prompts to send,
+        Drivers shape the call through three hooks: ``_batch_prompts`` (the prompts to send,
         e.g. rendered with the server's template when the conversations are given in
-        ``messages``) and ``_batch_schema`` (how the schema travels). Here prompts go as the
-        caller rendered them, and the schema as ``response_format``, which vLLM and SGLang
-        read on ``/v1/completions``.
+        ``messages``), ``_batch_schema`` (how the schema travels) and ``_batch_prefill`` (a
+        start every valid reply shares, appended to each prompt and put back in front of
+        each reply, as jump-forward does on chat turns). Here prompts go as the caller
+        rendered them, the schema as ``response_format``, which vLLM and SGLang read on
+        ``/v1/completions``, and nothing is prefilled.
 
         If the batched call fails for any reason, each prompt is retried alone (concurrently),
         so one bad prompt never fails its siblings. Never raises ``BackendError``.
@@ -297,12 +299,14 @@ class OpenAICompatBackend:
         model = model or self.target.model or ""
         prompts, extra = await self._batch_prompts(prompts, messages, model)
         fmt = None
+        prefill = ""
         if json_schema and self.capabilities.native_json_schema:
             fmt, schema_extra = self._batch_schema(json_schema)
             extra = {**extra, **schema_extra}
-        return await run_batch(
+            prefill = self._batch_prefill(json_schema)
+        replies = await run_batch(
             self._session.post_json,
-            prompts,
+            [prompt + prefill for prompt in prompts],
             model=model,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -312,6 +316,11 @@ class OpenAICompatBackend:
             who=self.name,
             extra_body=extra or None,
         )
+        if not prefill:
+            return replies
+        # completions return only what follows the prompt: the prefilled start goes back on
+        return [r.model_copy(update={"text": prefill + (r.text or "")})
+                if isinstance(r, ModelResponse) else r for r in replies]
 
     async def _batch_prompts(self, prompts: list[str], messages: list[list[Message]] | None,
                              model: str) -> tuple[list[str], dict[str, Any]]:
@@ -322,6 +331,11 @@ class OpenAICompatBackend:
                       ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(``response_format``, extra body fields) carrying the schema on completions."""
         return response_format(json_schema), {}
+
+    def _batch_prefill(self, json_schema: dict[str, Any]) -> str:
+        """The text every reply to ``json_schema`` starts with, sent as part of each prompt
+        instead of decoded; ``""`` here (``_batch_schema`` must then constrain the rest)."""
+        return ""
 
     async def aclose(self) -> None:
         """Close the pooled connections. Safe to call twice, or before first use."""

@@ -16,7 +16,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import redis
@@ -44,7 +44,18 @@ class Answer(BaseModel):
 
 # llama-server takes a schema as ``json_schema`` or, compiled, as a GBNF ``grammar`` (what
 # ``llamacpp://`` sends by default: compact JSON); the fake knows the grammars of its schemas.
-GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema()}
+class Graded(BaseModel):
+    """Every valid reply starts ``{"grade":"`` (an enum follows): jump-forward prefills it."""
+
+    grade: Literal["pass", "fail"]
+    note: str
+
+
+GRAMMAR_SCHEMAS = {to_gbnf(Answer.model_json_schema()): Answer.model_json_schema(),
+                   to_gbnf(Graded.model_json_schema()): Graded.model_json_schema()}
+GRADED_SPLIT = split_gbnf(Graded.model_json_schema())
+assert GRADED_SPLIT is not None
+GRAMMAR_SCHEMAS[GRADED_SPLIT[1]] = Graded.model_json_schema()
 
 
 def constraint(body: dict[str, Any]) -> Any:
@@ -109,8 +120,20 @@ class FakeLlamaServer:
         if schema is None:  # unconstrained: the small model echoes the schema it was shown
             return '{"properties": {"answer": {"type": "string"}}}'
         found = re.findall(r"Question (\d+)", prompt)
+        n = found[-1] if found else "?"
+        value = ({"grade": "pass", "note": f"a{n}"} if "grade" in schema.get("properties", {})
+                 else {"answer": f"a{n}"})
         # compact, as under the compact grammar (and a prefilled reply starts with its prefix)
-        return json.dumps({"answer": f"a{found[-1] if found else '?'}"}, separators=(",", ":"))
+        return json.dumps(value, separators=(",", ":"))
+
+    @staticmethod
+    def _continue(prompt: str, text: str) -> str:
+        """What a completion returns: only what follows the prompt, which may already end
+        with the reply's start (a prefill)."""
+        for k in range(len(text), 0, -1):
+            if prompt.endswith(text[:k]):
+                return text[k:]
+        return text
 
     async def _props(self, request: web.Request) -> web.Response:
         self._record("props")
@@ -136,7 +159,7 @@ class FakeLlamaServer:
         body = await request.json()
         self._record("completions", body)
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-        choices = [{"index": i, "text": self._answer(p, constraint(body)),
+        choices = [{"index": i, "text": self._continue(p, self._answer(p, constraint(body))),
                     "finish_reason": "stop", "logprobs": None} for i, p in enumerate(prompts)]
         # llama.cpp merges the choices of a prompt list but keeps the first task's usage only.
         return web.json_response({
@@ -261,6 +284,23 @@ def test_batch_prompting_sends_the_schema_with_the_server_template(
     # The template is learned once for the (system, user) shape, not asked per prompt.
     assert llama.hits["apply-template"] == 2
     assert llama.hits["completions"] + llama.hits["chat"] < len(INPUTS)
+
+
+def test_batched_prompts_are_prefilled_with_the_replys_forced_start(
+        llama: FakeLlamaServer) -> None:
+    """Jump-forward on batch prompting: each prompt ends with the start every valid reply
+    shares, the grammar covers the rest, and the reply comes back whole."""
+    handle = submit_batch("Question {i}.", INPUTS, model="smol", backend=llama.url,
+                          output_schema=Graded, batch_prompting=True)
+    results = handle.wait(timeout=60)
+    assert [r.output.note if r.ok else r.error for r in results] == [f"a{i}" for i in range(12)]
+    assert all(r.text == f'{{"grade":"pass","note":"a{r.index}"}}' for r in results)
+    batched = [b for b in llama.bodies["completions"] if isinstance(b["prompt"], list)]
+    assert batched, "no batched /v1/completions request was sent"
+    prefix, rest = GRADED_SPLIT
+    for body in batched:
+        assert body["grammar"] == rest
+        assert all(p.endswith("<assistant>" + prefix) for p in body["prompt"]), body["prompt"]
 
 
 async def test_server_template_renders_per_conversation_when_content_is_transformed() -> None:
