@@ -29,7 +29,7 @@ each round), every system on every workload against that same server:
   agentbatch sends), ``response_format`` json_schema, one repair turn (agentbatch gets the same
   budget: ``max_retries=1``). On (b) it speaks the same json tool protocol as
   ``tool_calling="json"`` (same union schema, same system text, same rendering of tool
-  results), sends the model's own reply back as the assistant turn, forces the first call as
+  results, the model's own reply made compact as the assistant turn), forces the first call as
   ``tool_choice="required"`` does, and runs every tool call itself: no coalescing;
 * ``embedded_stream`` / ``naive_stream``: the same with every turn streamed (``?stream=1`` on
   the backend URL, as ``embedded`` now does by default; ``"stream": true`` and an SSE reader
@@ -304,8 +304,10 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
 
     On (b) it speaks the json tool protocol agentbatch speaks, and forces the tool call as
     agentbatch's ``tool_choice="required"`` does: until the agent has called the tool, the
-    turn's schema allows only calls. The assistant turn repeats the model's reply as it came,
-    as a user's loop does (agentbatch sends it back compacted, in the model's key order)."""
+    turn's schema allows only calls. The assistant turn is the model's reply made compact,
+    in the model's key order, as agentbatch's json mode sends it: the same prompts. (Sent
+    back as it came, pretty-printed under ``response_format``, SmolLM2 took 111 turns for
+    40 agents instead of 80 in one run: 114.6 s.)"""
     if workload == "structured":
         schema: type[BaseModel] = Verdict
         system = system_message(SYSTEM_A, OutputContract(Verdict))
@@ -346,7 +348,10 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
             lines = [json.dumps({"arguments": c["arguments"], "name": c["name"],
                                  "result": o}, separators=(",", ":"),
                                 sort_keys=True) for c, o in zip(calls, outs, strict=True)]
-            messages.append({"role": "assistant", "content": content})  # its own reply
+            # its own reply, compact and in its key order: the assistant turn agentbatch's
+            # json mode sends (the reply itself came pretty-printed under response_format)
+            messages.append({"role": "assistant", "content": json.dumps(
+                obj, separators=(",", ":"), ensure_ascii=False)})
             messages.append({"role": "user",
                              "content": "\n".join([RESULTS_HEADER, *lines, RESULTS_FOOTER])})
             continue
