@@ -1,8 +1,8 @@
 """What one token costs llama-server on this machine: read as prompt, or decoded.
 
-Why: ``bench_engine``'s tools workload (b) stays above its 0.7x-naive target, and the question
-is where the time goes. This measures, on the same server settings (``LlamaServer``: 4 slots,
-half the CPUs as threads), the seconds per token of
+Why: where ``bench_engine``'s time goes (its tools workload (b) has a 0.7x-naive target).
+This measures, on the same server settings (``LlamaServer``: 4 slots, half the CPUs as
+threads), the seconds per token of
 
 * **prompt**: 4 requests at once, each a shared cached prefix (~300 tokens, as the workloads'
   system prompts) plus ~35 new tokens (as a turn's new messages), ``max_tokens`` 1;
@@ -11,9 +11,8 @@ half the CPUs as threads), the seconds per token of
 Token counts come from the engine's own ``/metrics`` deltas, wall time from the client. Then
 it reads ``benchmarks/results/engine.json`` and, for each system on each workload, predicts
 the wall from its measured prompt and generated tokens at these costs, beside the wall it
-measured. And for (b) the least any system could cost this engine with the same prompts:
-naive's own prompt tokens plus the two shortest valid replies per agent (the call and the
-answer, counted by the server's ``/tokenize``), every token at the cheaper prompt price.
+measured, and what its prompt tokens alone would cost (``ratio_floor_prompt_only``: the
+ratio to naive if generating were free).
 Not part of the pytest suite.
 """
 
@@ -91,34 +90,7 @@ async def measure(url: str, rounds: int) -> dict[str, Any]:
                      "s_per_token": per_token(decode_rows[1], "tokens_predicted_total")},
         "decode_4": {"rows": decode_rows[4],
                      "s_per_token": per_token(decode_rows[4], "tokens_predicted_total")},
-        "tools_reply_tokens": await reply_tokens(url),
     }
-
-
-def shortest_replies(item: str) -> list[str]:
-    """The two replies an agent of workload (b) cannot do without, in their shortest valid form
-    (compact, as the grammar has them): the call, then the answer with the tool's result."""
-    replies = [{"tool_calls": [{"name": "price", "arguments": {"item": item}}]},
-               {"final": {"item": item, "price": "12 euros"}}]
-    return [json.dumps(r, separators=(",", ":")) for r in replies]
-
-
-async def reply_tokens(url: str) -> dict[str, Any]:
-    """Tokens in each of those replies (the server's own tokenizer), mean per agent over the
-    workload's items."""
-    from .bench_engine import ITEMS
-
-    async with httpx.AsyncClient(timeout=60) as client:
-        per_item = {}
-        for item in ITEMS:
-            counts = []
-            for text in shortest_replies(item):
-                resp = await client.post(f"{url}/tokenize", json={"content": text})
-                resp.raise_for_status()
-                counts.append(len(resp.json()["tokens"]))
-            per_item[item] = counts
-    return {"per_item": per_item,
-            "mean_per_agent": statistics.mean(sum(c) for c in per_item.values())}
 
 
 def predict(costs: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
@@ -142,17 +114,6 @@ def predict(costs: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
                 rows[system]["ratio_to_naive"] = round(s["wall_s_median"] / naive, 3)
                 rows[system]["ratio_floor_prompt_only"] = round(prompt * p / naive, 3)
         out[workload] = rows
-    tools = engine["summary"].get("tools_40", {}).get("naive")
-    if tools:
-        # Naive's own prompt tokens (no prefill in them) plus the shortest replies for 40
-        # agents, every reply token at the prompt price (as if all were prefilled, the
-        # cheaper cost): the least any system can make this engine do for (b).
-        least = (tools["engine_prompt_tokens_median"]
-                 + 40 * costs["tools_reply_tokens"]["mean_per_agent"]) * p
-        naive_pred = out["tools_40"]["naive"]["predicted_wall_s"]
-        out["tools_40_floor"] = {"least_predicted_wall_s": round(least, 1),
-                                 "naive_predicted_wall_s": naive_pred,
-                                 "least_ratio_to_naive": round(least / naive_pred, 3)}
     return out
 
 

@@ -383,15 +383,6 @@ def render_engine_costs(data: dict[str, Any]) -> str:
     pred_tbl = table(["workload", "system", "prompt tokens", "generated tokens",
                       "measured wall s", "predicted wall s", "measured / naive"], rows)
     bullets = []
-    floor = data["predicted"].get("tools_40_floor")
-    if floor:
-        tokens = c["tools_reply_tokens"]["mean_per_agent"]
-        bullets.append(
-            f"- tools_40 floor: naive's prompt tokens plus the two shortest valid replies "
-            f"({fmt(tokens, 0)} tokens per agent), every token at the prompt price: "
-            f"{fmt(floor['least_predicted_wall_s'], 1)} s predicted vs naive's "
-            f"{fmt(floor['naive_predicted_wall_s'], 1)} s, "
-            f"**{fmt(floor['least_ratio_to_naive'])}x**")
     src = data.get("engine_json", {})
     bullets.append(f"- runs from `{src.get('path')}` (commit {(src.get('commit') or '?')[:8]}), "
                    f"medians; `{data.get('command', '')}`")

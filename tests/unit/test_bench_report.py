@@ -156,11 +156,11 @@ def test_profile_fleet_renders_owner_shares_per_kind_and_top_ten_functions():
     assert "- yappi: the yappi worker wrote no stats" in text
 
 
-def test_engine_costs_predict_walls_from_token_counts_and_the_tools_floor():
+def test_engine_costs_predict_walls_from_token_counts():
     from benchmarks.bench_engine_costs import predict
 
     costs = {"prompt": {"s_per_token": 0.01}, "decode_1": {"s_per_token": 0.02},
-             "decode_4": {"s_per_token": 0.02}, "tools_reply_tokens": {"mean_per_agent": 10}}
+             "decode_4": {"s_per_token": 0.02}}
     engine = {"summary": {"tools_40": {
         "naive": {"wall_s_median": 50.0, "engine_prompt_tokens_median": 1000,
                   "engine_generated_tokens_median": 2000},
@@ -174,12 +174,8 @@ def test_engine_costs_predict_walls_from_token_counts_and_the_tools_floor():
     assert out["tools_40"]["embedded"]["ratio_to_naive"] == 0.8
     assert out["tools_40"]["embedded"]["ratio_floor_prompt_only"] == 0.24
     assert "batch_agent" not in out["tools_40"]
-    # naive's 1000 prompt tokens + 40 agents x 10 reply tokens, all at the prompt price
-    assert out["tools_40_floor"] == {"least_predicted_wall_s": 14.0,
-                                     "naive_predicted_wall_s": 50.0,
-                                     "least_ratio_to_naive": 0.28}
     text = render_file({"benchmark": "engine_costs", "costs": costs, "predicted": out,
                         "engine_json": {"path": "e.json", "commit": "abcdef0123"}})
     assert "| decoded, 4 requests at once | 20.00 |" in text
     assert "| tools_40 | embedded | 1200 | 500 | 40.0 | 22.0 | 0.80 |" in text
-    assert "**0.28x**" in text and "commit abcdef01" in text
+    assert "commit abcdef01" in text
