@@ -52,6 +52,7 @@ from ..state.redis_store import (
     retention_ms,
     state_entry,
     sync_clock_blocking,
+    unset_fields,
 )
 from ..state.retention import missing_error
 from ..toolpool import resolve_tool
@@ -149,7 +150,7 @@ def staged_keys(k: BatchKeys) -> list[str]:
 def _stage(client: redis.Redis, k: BatchKeys, states: Sequence[Any], deadline: int) -> int:
     """Step 1: write every agent's versioned state and progress deadline in chunks; returns
     how many agents were staged."""
-    rows = ((s.index, state_entry(s.version, s.model_dump_json()))  # one chunk at a time
+    rows = ((s.index, state_entry(s.version, s.model_dump_json(exclude=unset_fields(s))))
             for s in states)
     keys = staged_keys(k)
     done = 0

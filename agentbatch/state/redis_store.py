@@ -98,10 +98,21 @@ class SlotAsk:
     ttl_ms: int
 
 
+# Top-level fields whose default is None: left out while None, and read back as None.
+_NONE_BY_DEFAULT = ("text", "ttft_s", "output", "error")
+
+
+def unset_fields(state: AgentState) -> set[str]:
+    """The optional fields ``state`` leaves unset, which its stored JSON leaves out: an entry
+    of ~500 bytes sits in jemalloc's 512-byte class, and 14 more bytes (``"ttft_s":null``)
+    moved it to the 640-byte one (1,884 vs 1,758 Redis bytes per agent at 20,000 agents)."""
+    return {f for f in _NONE_BY_DEFAULT if getattr(state, f) is None}
+
+
 def stored_state(state: AgentState) -> str:
-    """The state JSON kept in Redis: every field but the conversation and the tool-call log,
-    which live in their lists (so its size does not grow with the turns)."""
-    return state.model_dump_json(exclude={"messages", "tool_log"})
+    """The state JSON kept in Redis: every set field but the conversation and the tool-call
+    log, which live in their lists (so its size does not grow with the turns)."""
+    return state.model_dump_json(exclude={"messages", "tool_log", *unset_fields(state)})
 
 
 def state_entry(version: int, state_json: str) -> str:
