@@ -49,8 +49,8 @@ the client goes away). It pays where replies run away: on ``bench_engine``'s too
 with a free-string tool argument it generated 37% fewer tokens (2955 vs 4654) in 0.80x the
 wall time of the same turns unstreamed (an earlier session's run). With the workload's
 argument now an ``enum`` (``benchmarks/results/engine.json``), runaways are rare and the two
-are even (53.9 vs 52.2 s median, 1,368 vs 1,435 tokens), for ~6 ms of client CPU per turn
-instead of ~2.
+are even (41.1 vs 39.5 s median, 1,071 vs 1,075 tokens generated), for ~4.8 ms of client CPU
+per turn instead of ~1.8.
 Streamed connections are not reused: this build's stream provider returns false after the last
 chunk, which cpp-httplib takes as a cancelled write, so it closes the connection without a
 ``Connection: close`` header. A client that pools it races that close: 2-5 of 60 streamed
