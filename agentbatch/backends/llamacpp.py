@@ -247,11 +247,9 @@ class LlamaCppBackend(OpenAICompatBackend):
     def _prefill(self, request: ModelRequest) -> tuple[str, str] | None:
         """(prefix, grammar for the rest) when ``request`` is sent with jump-forward."""
         schema = (request.json_schema or {}).get("schema", request.json_schema)
-        if (not self.jump_forward or not isinstance(schema, dict) or not request.messages
-                or request.messages[-1].get("role") == "assistant"
-                or self.grammar_for(schema) is None):
+        if not request.messages or request.messages[-1].get("role") == "assistant":
             return None
-        return self.split_for(schema)
+        return self._jump_split(schema)
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         body = super().build_body(request)
@@ -335,7 +333,7 @@ class LlamaCppBackend(OpenAICompatBackend):
         """llama.cpp ignores ``response_format`` on completions: the compact grammar (for the
         part after the prefill, with jump-forward), or its own top-level ``json_schema``."""
         schema = response_format(json_schema)["json_schema"]["schema"]
-        split = self._batch_split(schema)
+        split = self._jump_split(schema)
         if split is not None:
             return None, {"grammar": split[1]}
         grammar = self.grammar_for(schema)
@@ -345,10 +343,11 @@ class LlamaCppBackend(OpenAICompatBackend):
         """Jump-forward on batched prompts too: each prompt ends with the reply's forced start
         (the rendered template ends with the assistant header, so this is the same text a
         prefilled chat turn renders to)."""
-        split = self._batch_split(response_format(json_schema)["json_schema"]["schema"])
+        split = self._jump_split(response_format(json_schema)["json_schema"]["schema"])
         return split[0] if split is not None else ""
 
-    def _batch_split(self, schema: Any) -> tuple[str, str] | None:
+    def _jump_split(self, schema: Any) -> tuple[str, str] | None:
+        """(prefix, grammar for the rest) when replies to ``schema`` go with jump-forward."""
         if not self.jump_forward or self.grammar_for(schema) is None:
             return None
         return self.split_for(schema)
