@@ -114,20 +114,26 @@ async def catalogue_price(item: Literal["kettle", "toaster"]) -> str:
 def test_an_agents_next_turn_finds_its_own_reply_in_the_prompt_cache(
         llama_server: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The assistant turn is sent back as the model wrote it, so llama-server's prompt cache
-    covers the whole first exchange (prompt and reply) on the agent's next turn. The tool
+    can cover the whole first exchange (prompt and reply) on the agent's next turn. The tool
     takes an ``enum``, as in bench_engine: with a free string SmolLM2 often writes to
     ``max_tokens``, and a cut-off reply is sent back shortened (a repair turn), not whole.
 
     Re-rendered with sorted keys, the reply diverged from the cached tokens at its first key
     and was recomputed on every agent's next turn (bench_engine's tools workload: 295 of 310
-    tokens cached, where 309 are now). 8 agents on 4 slots, so conversations move through
-    llama.cpp's host-memory cache as on a busy server (a lone agent on an idle server is sent
-    to an empty slot by ``--slot-prompt-similarity 0``, and nothing is cached at all).
+    tokens cached, where 309 are now).
+
+    Which cache entry a turn gets is the engine's choice: with ``--slot-prompt-similarity 0``
+    it takes the least recently used slot and restores the best match from its host-memory
+    cache, which holds only conversations whose slot has since been taken. An agent whose own
+    slot is still idle gets another agent's conversation instead (the shared system prompt
+    and task, up to the ticket number): 5 of 8 agents found their own in one CI run, 8 of 8
+    in others. So the test asserts what agentbatch decides (the reply goes back verbatim),
+    and on the engine that a cache hit reaching into the reply always covers all of it.
     """
     from agentbatch import run_batch
     from agentbatch.backends import aiohttp_session
 
-    turns: dict[str, list[dict[str, Any]]] = {}
+    turns: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     original = aiohttp_session.AiohttpSession.post_json
 
     async def recording(self: Any, path: str, body: dict[str, Any], headers: dict[str, str],
@@ -135,7 +141,7 @@ def test_an_agents_next_turn_finds_its_own_reply_in_the_prompt_cache(
         reply = await original(self, path, body, headers, timeout)
         if path.endswith("/chat/completions"):
             task = next(m["content"] for m in body["messages"] if m["role"] == "user")
-            turns.setdefault(task, []).append(reply.get("timings") or {})
+            turns.setdefault(task, []).append((body, reply))
         return reply
 
     monkeypatch.setattr(aiohttp_session.AiohttpSession, "post_json", recording)
@@ -146,12 +152,21 @@ def test_an_agents_next_turn_finds_its_own_reply_in_the_prompt_cache(
                         output_schema=PriceReport, tool_calling="json",
                         tool_choice="required", max_tokens=96, temperature=0.0, max_turns=3)
     assert sum(r.turns for r in results) == sum(len(t) for t in turns.values())
-    covered = []
-    for task, (first, second, *_) in ((k, t) for k, t in turns.items() if len(t) >= 2):
-        held = first["cache_n"] + first["prompt_n"] + first["predicted_n"]
-        print(f"{task}: held after turn 1 {held}, turn 2 cached {second['cache_n']}, "
-              f"computed {second['prompt_n']}")
-        covered.append(second["cache_n"] >= held - 2)
-    # every agent made a call first (tool_choice="required"), so each has a second turn;
-    # one may have had its conversation evicted by the others'
-    assert len(covered) == 8 and sum(covered) >= 6, covered
+    # every agent made a call first (tool_choice="required"), so each has a second turn
+    assert len(turns) == 8 and all(len(t) >= 2 for t in turns.values())
+    reached_reply = []
+    for task, ((_, first), (second_body, second), *_) in turns.items():
+        written = first["choices"][0]["message"]["content"]
+        sent_back = next(m["content"] for m in second_body["messages"]
+                         if m["role"] == "assistant")
+        assert sent_back == written, task  # byte for byte, as the model wrote it
+        cached_1, prompt_1 = first["timings"]["cache_n"], first["timings"]["prompt_n"]
+        held = cached_1 + prompt_1 + first["timings"]["predicted_n"]
+        cached_2 = second["timings"]["cache_n"]
+        print(f"{task}: held after turn 1 {held} ({cached_1 + prompt_1} prompt), "
+              f"turn 2 cached {cached_2}, computed {second['timings']['prompt_n']}")
+        if cached_2 > cached_1 + prompt_1:  # the hit reached into this agent's own reply
+            reached_reply.append(cached_2)
+            # ... and covered all of it (the last generated token is never evaluated)
+            assert cached_2 >= held - 2, (task, cached_2, held)
+    assert reached_reply, "no agent's next turn found its own first exchange in the cache"
