@@ -24,6 +24,9 @@ each round), every system on every workload against that same server:
 * ``embedded_unstreamed``: the same with ``?stream=0``: whole replies, no loop guard;
 * ``distributed``: ``submit_batch(..., redis_url=...).wait()`` on the fleet (fleet start-up is
   outside the timed window, as a deployed fleet would be running already);
+* ``distributed_uncapped``: ``distributed`` with ``max_inflight=256`` (the default cap before
+  the fleet's workers read llama.cpp's slot count): every turn goes to llama-server as soon
+  as a worker takes it, and waits in its first-come queue;
 * ``naive``: ``asyncio.gather`` over one loop per agent on ``openai.AsyncOpenAI`` (its
   defaults: 2 retries), as a user writes it. Same system message, same schemas (the ones
   agentbatch sends), ``response_format`` json_schema, one repair turn (agentbatch gets the same
@@ -84,6 +87,7 @@ from agentbatch.orchestrator.json_tool_calling import (
     instructions,
     union_schema,
 )
+from agentbatch.orchestrator.options import DEFAULT_MAX_INFLIGHT
 from agentbatch.orchestrator.output import OutputContract
 from tests.engine.reviews import REVIEWS
 from tests.engine.reviews import TASK as TASK_A
@@ -91,7 +95,8 @@ from tests.engine.reviews import TASK as TASK_A
 from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
-SYSTEMS = ("embedded", "embedded_unstreamed", "distributed", "naive", "batch_agent",
+SYSTEMS = ("embedded", "embedded_unstreamed", "distributed", "distributed_uncapped", "naive",
+           "batch_agent",
            "embedded_stream", "naive_stream", "embedded_batched")
 STREAMED = ("embedded_stream", "naive_stream")
 STRUCTURED_ONLY = ("embedded_batched",)
@@ -260,8 +265,9 @@ async def run_embedded_stream(ctx: dict[str, Any], workload: str, n: int) -> dic
     return {**_tally(results, kw["output_schema"]), "ttfts": ttfts}
 
 
-async def run_distributed(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
-    kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
+async def run_distributed(ctx: dict[str, Any], workload: str, n: int,
+                          **options: Any) -> dict[str, Any]:
+    kw = {**_ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"]), **options}
     task = kw.pop("task")
     items = kw.pop("inputs")
 
@@ -271,6 +277,13 @@ async def run_distributed(ctx: dict[str, Any], workload: str, n: int) -> dict[st
 
     results = await asyncio.to_thread(submit_and_wait)
     return _tally(results, kw["output_schema"])
+
+
+async def run_distributed_uncapped(ctx: dict[str, Any], workload: str,
+                                   n: int) -> dict[str, Any]:
+    """``distributed`` as it was before the fleet took llama.cpp's slot count as its cap:
+    every turn sent as soon as a worker has it (``max_inflight`` at the default 256)."""
+    return await run_distributed(ctx, workload, n, max_inflight=DEFAULT_MAX_INFLIGHT)
 
 
 def _rf(schema: dict[str, Any], name: str) -> dict[str, Any]:
@@ -426,7 +439,8 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
 
 
 RUNNERS = {"embedded": run_embedded, "embedded_unstreamed": run_embedded_unstreamed,
-           "distributed": run_distributed, "naive": run_naive,
+           "distributed": run_distributed, "distributed_uncapped": run_distributed_uncapped,
+           "naive": run_naive,
            "batch_agent": run_batch_agent, "embedded_stream": run_embedded_stream,
            "embedded_batched": run_embedded_batched,
            "naive_stream": run_naive_stream}
@@ -445,7 +459,7 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
     timeout = ctx["peer_timeout"] if system == "batch_agent" else ctx["timeout"]
     EXECUTIONS.clear()
     wait_idle(ctx["http_url"])
-    fleet = ctx.get("fleet_pids", []) if system == "distributed" else []
+    fleet = ctx.get("fleet_pids", []) if system.startswith("distributed") else []
     before = scrape(ctx["http_url"])
     workers_before = sum(cpu_seconds(p) for p in fleet)
     cpu_before = time.process_time()
@@ -561,7 +575,8 @@ async def amain(args: argparse.Namespace,
     for spec in args.workloads.split(","):
         name, agents, *rounds = spec.split(":")
         workloads.append((name, int(agents), int(rounds[0]) if rounds else args.rounds))
-    redis_srv = RedisServer().start() if "distributed" in systems else None
+    redis_srv = (RedisServer().start() if any(s.startswith("distributed") for s in systems)
+                 else None)
     fleet: list[Any] = []
     runs: list[dict[str, Any]] = []
     try:

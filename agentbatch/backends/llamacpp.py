@@ -212,6 +212,10 @@ class LlamaCppBackend(OpenAICompatBackend):
         ``MicroBatchingBackend``); more would only wait in llama.cpp's deferred queue."""
         return int(self._props["total_slots"]) if self._props else None
 
+    async def learn_inflight_hint(self) -> None:
+        """Read ``/props`` (so ``inflight_hint`` is known) where no preflight ran: a worker."""
+        await self.props()
+
     async def preflight(self, plan: BatchPlan) -> None:
         """Before the fan-out: this is llama.cpp, and the options the batch set can apply."""
         await self.props()

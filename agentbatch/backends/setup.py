@@ -12,6 +12,8 @@ A URL written ``@path`` names a hostfile (see ``pool.parse_hostfile``): one URL 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from ..errors import BackendError, BackendUnavailable, BatchSpecError
@@ -19,6 +21,8 @@ from .aimd import AdaptiveBackend, AIMDController
 from .base import Backend, BackendWrapper
 from .registry import backend_from_url
 from .retry import RetryingBackend, RetryPolicy
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..orchestrator.plan import BatchPlan
@@ -135,6 +139,22 @@ def inflight_hint(backend: Backend) -> int | None:
             return None
         total += hint
     return total
+
+
+async def learn_inflight_hint(backend: Backend, timeout_s: float = 10.0) -> None:
+    """Ask each endpoint that can tell how many requests it serves at once (a driver's
+    ``learn_inflight_hint``, e.g. llama.cpp's ``/props``) where no preflight ran: a worker.
+    A server that does not answer in ``timeout_s`` leaves the hint unknown (the default cap
+    applies); its turns then fail or succeed on their own."""
+    for endpoint in endpoints(backend):
+        learn = getattr(endpoint, "learn_inflight_hint", None)
+        if learn is None or getattr(endpoint, "inflight_hint", None) is not None:
+            continue
+        try:
+            await asyncio.wait_for(learn(), timeout_s)
+        except Exception as exc:  # only a hint: the turn reports real errors
+            log.info("%s did not say how many requests it serves at once: %s",
+                     getattr(endpoint, "name", endpoint), exc)
 
 
 async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:

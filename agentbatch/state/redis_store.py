@@ -96,6 +96,7 @@ class SlotAsk:
     aimd_key: str
     limit: int
     ttl_ms: int
+    wait_key: str  # requests queued for a slot, which a claim does not overtake
 
 
 # Top-level fields whose default is None: left out while None, and read back as None.
@@ -196,7 +197,7 @@ class BatchStore:
         reply = await self.s.claim(
             keys=[k.state, k.lease(index), k.watch, k.meta, k.messages(index),
                   slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta,
-                  k.calls(index)],
+                  k.calls(index), slot.wait_key if slot else k.lease(index)],
             args=[index, version, token, ttl_ms, now_ms(), slot.limit if slot else "",
                   slot.ttl_ms if slot else 0, k.member(index)])
         if reply[0] == "busy":

@@ -20,6 +20,20 @@ limit a burst of 429s left behind hours ago.
 Waiting for a slot is bounded like every wait of a turn: by the turn's deadline (then
 ``ServerBusy``, retryable) and by the batch's cancel flag (then ``BatchCancelled``).
 
+Waiters queue in Redis (``<sem key>:wait``, ranked by priority, then first try): a freed slot
+goes to the request with the fewest turns left, as in the embedded engine's
+``PrioritySlots``, not to whichever poll lands first. On a llama.cpp server whose slot count
+caps the fleet this is what keeps an agent's next turn ahead of other agents' first turns:
+llama.cpp moves a saved conversation out of its prompt cache into the slot of the next
+request that shares a longer prefix with it, so first turns queued ahead of an agent's next
+turn took its conversation and overwrote it (bench_engine, distributed, tools: 2 of 40
+agents found their first turn cached). A release is announced on ``<sem key>:freed``; the
+workers' waiters (``woken=True``) sleep until then (those far back let several releases go
+by) and ask again at least every ``WOKEN_POLL_S``. Without that, the first waiters poll
+every few ms and the rest back off. The order is strict, as in the embedded engine and
+Celery's priorities: a turn with more turns left waits while nearer-done turns keep coming,
+bounded by the turn's deadline.
+
 A holder that loses its slot (expired while its renewer was starved, evicted, deleted) learns
 it: the renewer finds it gone, sets ``Slot.lost``, counts it in ``lost`` and logs a warning,
 then re-admits it as soon as the fleet has a free slot again (``Slot.readmitted``). It never
@@ -40,6 +54,7 @@ from typing import Any
 
 from ..errors import BatchCancelled, ServerBusy
 from .keys import semaphore
+from .note_hub import NoteHub
 from .redis_store import SlotAsk
 from .scripts import Scripts
 
@@ -48,6 +63,13 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], int]
 CancelCheck = Callable[[], Awaitable[bool]]
 CANCEL_CHECK_S = 0.5  # how often a waiting slot() asks ``cancelled()``
+WAIT_TTL_MS = 5_000  # a waiter that stops asking (its worker died) loses its place after this
+POLL_S = 0.005  # the first waiter asks about this often; the n-th waiter n times less often
+MAX_PRIORITY = 800  # priority * 1e13 + Redis ms stays an exact double (< 2**53)
+FREED = "freed"  # the message on ``<sem key>:freed`` when a holder releases its slot
+# A woken waiter asks at least this often anyway: for slots freed by expiry (a dead holder),
+# which nobody announces, and for an announcement lost while its subscription reconnected.
+WOKEN_POLL_S = 1.0
 AIMD_IDLE_MS = 10 * 60 * 1000  # the AIMD hash expires this long after its last write
 
 
@@ -68,7 +90,8 @@ class RedisSemaphore:
     def __init__(self, client: Any, scripts: Scripts, name: str, limit: int, *,
                  ttl_ms: int = 30_000, max_backoff_s: float = 0.2,
                  cooldown_ms: int = 2000, quiet_ms: int = 30_000,
-                 idle_ms: int = AIMD_IDLE_MS, clock: Clock | None = None) -> None:
+                 idle_ms: int = AIMD_IDLE_MS, clock: Clock | None = None,
+                 woken: bool = False) -> None:
         if limit < 1:
             raise ValueError("semaphore limit must be >= 1")
         if idle_ms < 1:
@@ -77,6 +100,13 @@ class RedisSemaphore:
         self._s = scripts
         self.key = semaphore(name)
         self.aimd_key = f"{self.key}:aimd"
+        self.wait_key = f"{self.key}:wait"
+        self.wait_expiry_key = f"{self.key}:wait:exp"
+        # woken: queued turns sleep until a release is announced on this channel (one pub/sub
+        # connection per process), not polling every few ms; ``WOKEN_POLL_S`` still bounds
+        # each sleep
+        self.freed_channel = f"{self.key}:freed"
+        self._hub = NoteHub(client, self.freed_channel) if woken else None
         self.limit = limit
         self.ttl_ms = ttl_ms
         self.max_backoff_s = max_backoff_s
@@ -100,15 +130,27 @@ class RedisSemaphore:
         return self.seen_limit
 
     async def try_acquire(self, holder: str) -> bool:
-        ok, dynamic = await self._s.sem_acquire(
-            keys=[self.key, self.aimd_key],
-            args=[holder, self.limit, self.ttl_ms],
+        """Take a slot if one is free beyond those owed to queued waiters (never queues)."""
+        return (await self._acquire(holder, None))[0]
+
+    async def _acquire(self, holder: str, priority: int | None) -> tuple[bool, int]:
+        """(acquired, waiters ahead); with a ``priority`` the holder joins the queue."""
+        rank = "" if priority is None else min(max(int(priority), 0), MAX_PRIORITY)
+        ok, dynamic, ahead = await self._s.sem_acquire(
+            keys=[self.key, self.aimd_key, self.wait_key, self.wait_expiry_key],
+            args=[holder, self.limit, self.ttl_ms, rank, WAIT_TTL_MS],
         )
         self._note(dynamic)
-        return bool(ok)
+        return bool(ok), int(ahead)
+
+    async def leave_queue(self, holder: str) -> None:
+        """Give up a place in the queue (deadline, cancel): the next waiter moves up now."""
+        await self._r.zrem(self.wait_key, holder)
+        await self._r.zrem(self.wait_expiry_key, holder)
 
     async def release(self, holder: str) -> None:
-        await self._r.zrem(self.key, holder)
+        if await self._r.zrem(self.key, holder):
+            await self._r.publish(self.freed_channel, FREED)
 
     async def renew(self, holder: str) -> bool:
         """Push a held slot's expiry; False when the holder is no longer in the zset."""
@@ -158,7 +200,7 @@ class RedisSemaphore:
 
     def ask(self) -> SlotAsk:
         """What a claim needs to take a slot in its own script (``BatchStore.claim_turn``)."""
-        return SlotAsk(self.key, self.aimd_key, self.limit, self.ttl_ms)
+        return SlotAsk(self.key, self.aimd_key, self.limit, self.ttl_ms, self.wait_key)
 
     def claimed(self, aimd_limit: int) -> None:
         """Note the shared AIMD limit a claim that asked for a slot saw."""
@@ -168,33 +210,49 @@ class RedisSemaphore:
     async def slot(self, ready: Callable[[], Awaitable[None]] | None = None, *,
                    deadline: float | None = None,
                    cancelled: CancelCheck | None = None, holder: str | None = None,
-                   held: bool = False, keep: bool = False) -> AsyncIterator[Slot]:
+                   held: bool = False, keep: bool = False,
+                   priority: int = 0) -> AsyncIterator[Slot]:
         """Hold one slot for the body; ``ready`` (backpressure) is awaited before each try.
 
-        ``deadline`` (``time.monotonic()``) bounds the wait: past it, ``ServerBusy``.
-        ``cancelled()`` is asked every ``CANCEL_CHECK_S`` while waiting: ``BatchCancelled``.
-        ``held``: ``holder`` already has the slot (a claim took it); ``keep``: leave it held
-        on a normal exit, for the commit that follows to release in its own script (it is
-        still released here when the body raises).
+        ``priority``: place in the fleet-wide queue while no slot is free (lower first: the
+        turns the agent has left, as Celery's message priority). ``deadline``
+        (``time.monotonic()``) bounds the wait: past it, ``ServerBusy``. ``cancelled()`` is
+        asked every ``CANCEL_CHECK_S`` while waiting: ``BatchCancelled``. ``held``:
+        ``holder`` already has the slot (a claim took it); ``keep``: leave it held on a
+        normal exit, for the commit that follows to release in its own script (it is still
+        released here when the body raises).
         """
         holder = holder or uuid.uuid4().hex
-        delay = 0.005
         next_check = time.monotonic() + CANCEL_CHECK_S
-        while not held:
-            if ready is not None:
-                await ready()
-            if await self.try_acquire(holder):
-                break
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise ServerBusy(f"no inference slot of {await self.effective_limit()} "
-                                 f"(fleet-wide) was free before the turn's deadline")
-            if cancelled is not None and now >= next_check:
-                next_check = now + CANCEL_CHECK_S
-                if await cancelled():
-                    raise BatchCancelled("the batch was cancelled")
-            await asyncio.sleep(random.uniform(0, delay))
-            delay = min(delay * 2, self.max_backoff_s)
+        queued = False
+        ahead = 0
+        try:
+            while not held:
+                if ready is not None:
+                    await ready()
+                freed = await self._hub.expect(FREED) if self._hub is not None else None
+                try:
+                    acquired, ahead = await self._acquire(holder, priority)
+                    queued = not acquired
+                    if acquired:
+                        break
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise ServerBusy(f"no inference slot of {await self.effective_limit()}"
+                                         f" (fleet-wide) was free before the turn's deadline")
+                    if cancelled is not None and now >= next_check:
+                        next_check = now + CANCEL_CHECK_S
+                        if await cancelled():
+                            raise BatchCancelled("the batch was cancelled")
+                    await self._until_freed(freed, ahead)
+                finally:
+                    if freed is not None and self._hub is not None:
+                        self._hub.forget(FREED, freed)
+        except BaseException:
+            if queued:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.leave_queue(holder))
+            raise
         slot = Slot(holder)
         renewer = asyncio.create_task(self._renew(slot))
         released = False
@@ -211,6 +269,30 @@ class RedisSemaphore:
             renewer.cancel()
             if not keep and not released:
                 await asyncio.shield(self.release(holder))
+
+    async def _until_freed(self, freed: asyncio.Future[None] | None, ahead: int) -> None:
+        """Sleep until it is worth asking again. Woken: at the next announced release (those
+        more than ``limit`` places back let that many releases go by first), at most
+        ``WOKEN_POLL_S``. Polling: the first in line asks every few ms, the n-th n times
+        less often, so a long queue costs Redis little."""
+        if freed is None or self._hub is None:
+            delay = min(POLL_S * (1 + ahead), self.max_backoff_s)
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            return
+        deadline = time.monotonic() + max(self.max_backoff_s, WOKEN_POLL_S)
+        releases = max(1, ahead - self.limit + 1)
+        while releases > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(freed), left)
+            if not freed.done():
+                return
+            releases -= 1
+            if releases > 0:
+                self._hub.forget(FREED, freed)
+                freed = await self._hub.expect(FREED)
 
     async def _renew(self, held: Slot) -> None:
         """Keep the slot alive; notice (and report) when it is gone, and re-admit it."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import ToolError
 from ..state.keys import TOOL_DONE_CHANNEL, tool_cache, tool_fence, tool_lock, tool_result
+from ..state.note_hub import NoteHub
 from ..state.scripts import Scripts
 from .coalesce import Thunk
 
@@ -31,56 +32,6 @@ log = logging.getLogger(__name__)
 
 def key_hash(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()
-
-
-class DoneHub:
-    """One pub/sub subscription per process; routes "<hash>:<token>" notes to waiters."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(TOOL_DONE_CHANNEL)
-                self._ready.set()
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._wake(message["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # reconnect; waiters fall back on their timeouts meanwhile
-                log.warning("tool pub/sub connection lost; resubscribing", exc_info=True)
-                self._ready.clear()
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-
-    def _wake(self, note: str) -> None:
-        for fut in self._waiters.pop(note, []):
-            if not fut.done():
-                fut.set_result(None)
-
-    async def expect(self, note: str) -> asyncio.Future[None]:
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._listen(), name="agentbatch-tool-hub")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), 2.0)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(note, []).append(fut)
-        return fut
-
-    def forget(self, note: str, fut: asyncio.Future[None]) -> None:
-        waiters = self._waiters.get(note)
-        if waiters and fut in waiters:
-            waiters.remove(fut)
-            if not waiters:
-                del self._waiters[note]
 
 
 class RedisLease:
@@ -104,7 +55,7 @@ class RedisLease:
 class RedisCoalescer:
     """Implements the ``Coalescer`` protocol across every worker sharing one Redis."""
 
-    def __init__(self, client: Any, scripts: Scripts, hub: DoneHub, *,
+    def __init__(self, client: Any, scripts: Scripts, hub: NoteHub, *,
                  lock_ttl_ms: int = 30_000, result_ttl_s: int = 120) -> None:
         self._r = client
         self._s = scripts

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..backends.base import Backend
-from ..backends.setup import open_backend
+from ..backends.setup import inflight_hint, learn_inflight_hint, open_backend
 from ..errors import BatchSpecError, ConfigError, RateLimited
 from ..orchestrator.backpressure import BackpressureGate
 from ..orchestrator.options import DEFAULT_MAX_INFLIGHT
@@ -26,11 +26,13 @@ from ..orchestrator.plan import BatchPlan
 from ..orchestrator.runtime import BatchRuntime, load_schema, load_tools
 from ..orchestrator.turns import TurnPolicy
 from ..state.connection import async_client
+from ..state.keys import TOOL_DONE_CHANNEL
+from ..state.note_hub import NoteHub
 from ..state.redis_store import BatchStore
 from ..state.scripts import Scripts
 from ..state.semaphore import RedisSemaphore
 from ..toolpool import ToolPool
-from ..toolpool.redis_coalesce import DoneHub, RedisCoalescer, RedisResultCache
+from ..toolpool.redis_coalesce import RedisCoalescer, RedisResultCache
 from ..toolpool.redis_rate import redis_buckets
 from .settings import WorkerSettings
 
@@ -55,7 +57,7 @@ class WorkerContext:
         self.settings = settings
         self.redis = async_client(settings.redis_url)
         self.scripts = Scripts(self.redis)
-        self.hub = DoneHub(self.redis)
+        self.hub = NoteHub(self.redis, TOOL_DONE_CHANNEL)
         self.coalescer = RedisCoalescer(self.redis, self.scripts, self.hub)
         self.cache = RedisResultCache(self.redis)
         self.stats: Counter[str] = Counter()
@@ -87,6 +89,10 @@ class WorkerContext:
         if plan is None:
             return None
         loaded = self._load(plan, store)
+        if loaded.runtime is not None:
+            # the server's slot count (llama.cpp /props) caps the fleet's in-flight turns,
+            # as in the embedded engine (``semaphore``); unknown if the server cannot say
+            await learn_inflight_hint(loaded.runtime.backend)
         self._remember(batch_id, loaded)
         return loaded
 
@@ -157,12 +163,13 @@ class WorkerContext:
 
     def semaphore(self, plan: BatchPlan, backend: Backend) -> RedisSemaphore:
         limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
-                                         DEFAULT_MAX_INFLIGHT)
+                                         DEFAULT_MAX_INFLIGHT,
+                                         inflight_hint(backend) or DEFAULT_MAX_INFLIGHT)
         name = hashlib.sha1("|".join(plan.backends).encode()).hexdigest()[:16]
         sem = self._semaphores.get((name, limit))
         if sem is None:
             sem = RedisSemaphore(self.redis, self.scripts, name, limit,
-                                 ttl_ms=self.settings.lease_ttl_ms)
+                                 ttl_ms=self.settings.lease_ttl_ms, woken=True)
             self._semaphores[(name, limit)] = sem
         return sem
 

@@ -209,7 +209,7 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
         # releases it in its own script.
         async with lease_renewal(ctx, loaded.store, state.index, token), \
                 sem.slot(ready=ready, deadline=deadline, cancelled=cancelled, holder=token,
-                         held=claim.slot, keep=True):
+                         held=claim.slot, keep=True, priority=action.turns_left):
             event = await call_model(rt, state, action)
     except ServerBusy as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)

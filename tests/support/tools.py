@@ -79,6 +79,12 @@ class Answer(BaseModel):
     score: int
 
 
+class ShortAnswer(BaseModel):
+    """What the fake llama-server answers (tests/integration/test_backend_llamacpp.py)."""
+
+    answer: str
+
+
 class Exploding(BaseModel):
     """An output schema whose validator raises KeyError (pydantic does not wrap it)."""
 

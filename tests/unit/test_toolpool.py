@@ -491,13 +491,14 @@ async def test_redis_lock_uses_the_tools_ttl_and_is_renewed_while_the_tool_runs(
     "worker" (its own coalescer and client) that arrives later waits and shares the result
     instead of running the tool a second time."""
     from agentbatch.state.connection import async_client
-    from agentbatch.state.keys import tool_lock
+    from agentbatch.state.keys import TOOL_DONE_CHANNEL, tool_lock
+    from agentbatch.state.note_hub import NoteHub
     from agentbatch.state.scripts import Scripts
-    from agentbatch.toolpool.redis_coalesce import DoneHub, RedisCoalescer, key_hash
+    from agentbatch.toolpool.redis_coalesce import RedisCoalescer, key_hash
 
     def worker() -> tuple[Any, RedisCoalescer]:
         client = async_client(redis_url)
-        return client, RedisCoalescer(client, Scripts(client), DoneHub(client))
+        return client, RedisCoalescer(client, Scripts(client), NoteHub(client, TOOL_DONE_CHANNEL))
 
     (c1, first), (c2, second) = worker(), worker()
     started, release = asyncio.Event(), asyncio.Event()

@@ -1,7 +1,7 @@
 -- Start one turn in one round trip: version check, lease, progress deadline (marked
 -- started), the agent's state, conversation and tool-call log, and (when asked) a fleet
 -- inference slot.
--- KEYS: state, lease, watch, meta, msgs, sem zset, sem aimd hash, calls
+-- KEYS: state, lease, watch, meta, msgs, sem zset, sem aimd hash, calls, sem waiters zset
 -- ARGV: index, expected_version, token, ttl_ms, now_ms, sem_limit ('' = no slot now),
 --       sem_ttl_ms, watch member ('<batch id>:<index>')
 -- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1,
@@ -9,7 +9,9 @@
 -- {'stale', version}, {'gone'} or {'busy', lease pttl}.
 -- The slot: the holder is the lease token; the commit that ends the turn releases it. Slot
 -- expiry uses now_ms, Redis's own TIME as last synced by the worker (redis_store.now_ms).
--- Expired holders are purged only when the set looks full, so a free slot costs 3 calls.
+-- Expired holders are purged only when the set looks full, so a free slot costs 4 calls.
+-- Requests already waiting for a slot (sem_acquire's queue) are not overtaken: a free slot
+-- is taken here only beyond the ones they are owed.
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then return {'gone'} end
 local v = version_of(entry)
@@ -28,10 +30,10 @@ if ARGV[6] ~= '' and cancelled ~= '1' then
     dynamic = stored
     if stored < limit then limit = stored end
   end
-  local held = redis.call('ZCARD', KEYS[6])
+  local held = redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[9])
   if held >= limit then
     redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-    held = redis.call('ZCARD', KEYS[6])
+    held = redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[9])
   end
   if held < limit then
     redis.call('ZADD', KEYS[6], now + tonumber(ARGV[7]), ARGV[3])
