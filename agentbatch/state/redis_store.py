@@ -75,6 +75,7 @@ class Claim:
     slot: bool = False  # ok: the inference slot was taken too (holder: the lease token)
     listed: int = 0  # ok: how many of state.messages are in the agent's msgs list
     aimd_limit: int = -1  # the fleet's shared AIMD limit as the claim saw it (-1: none)
+    slots_held: int = 0  # ok, slot asked: slots held before it (with waiters, if over half)
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,8 @@ class BatchStore:
             return Claim(kind=reply[0])
         return Claim(kind="ok", state=with_messages(reply[1], reply[3], reply[6]),
                      cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
-                     aimd_limit=int(reply[5]), listed=len(reply[3]))
+                     aimd_limit=int(reply[5]), listed=len(reply[3]),
+                     slots_held=int(reply[7]))
 
     async def renew(self, index: int, token: str, ttl_ms: int) -> bool:
         return bool(await self.s.renew(keys=[self.k.lease(index), self.k.watch],

@@ -150,7 +150,14 @@ class RedisSemaphore:
 
     async def release(self, holder: str) -> None:
         if await self._r.zrem(self.key, holder):
-            await self._r.publish(self.freed_channel, FREED)
+            await self.announce_release()
+
+    async def announce_release(self) -> None:
+        """Wake the queued turns (``woken``): a slot was freed. The worker's commit releases
+        its slot in its own script and calls this after it only while slots are scarce (the
+        turn waited, or its claim found half of them held), so an uncontended fleet pays
+        no extra command per turn."""
+        await self._r.publish(self.freed_channel, FREED)
 
     async def renew(self, holder: str) -> bool:
         """Push a held slot's expiry; False when the holder is no longer in the zset."""

@@ -180,7 +180,12 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     except BaseException:
         await asyncio.shield(store.release(index, token, slot_key))
         raise
-    return await commit(ctx, loaded, state, new, token, slot_key, claim.listed, logged=True)
+    followups = await commit(ctx, loaded, state, new, token, slot_key, claim.listed,
+                             logged=True)
+    if sem is not None and (not claim.slot or 2 * claim.slots_held >= sem.limit):
+        # slots are scarce: turns may be queued for the one the commit just freed
+        await sem.announce_release()
+    return followups
 
 
 async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, token: str,

@@ -72,7 +72,7 @@ async def test_a_freed_slot_goes_to_the_waiter_with_fewest_turns_left(client: An
 
 
 async def test_a_woken_waiter_takes_a_released_slot_at_once(client: Any) -> None:
-    """Released through the commit's script (release.lua here) or ``release()``: the queued
+    """Released by release.lua (a turn that failed) or ``release()``: the queued
     turn hears it and asks again at once, not after its 10 s poll."""
     s = RedisSemaphore(client, Scripts(client), "prio-wake", 1, woken=True,
                        max_backoff_s=10.0)

@@ -5,13 +5,14 @@
 -- ARGV: index, expected_version, token, ttl_ms, now_ms, sem_limit ('' = no slot now),
 --       sem_ttl_ms, watch member ('<batch id>:<index>')
 -- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1,
--- {tool-call records...}},
+-- {tool-call records...}, slots held (and waited for, when over half) before this claim},
 -- {'stale', version}, {'gone'} or {'busy', lease pttl}.
 -- The slot: the holder is the lease token; the commit that ends the turn releases it. Slot
 -- expiry uses now_ms, Redis's own TIME as last synced by the worker (redis_store.now_ms).
--- Expired holders are purged only when the set looks full, so a free slot costs 4 calls.
+-- Expired holders are purged only when the set looks full, so a free slot costs 3 calls.
 -- Requests already waiting for a slot (sem_acquire's queue) are not overtaken: a free slot
--- is taken here only beyond the ones they are owed.
+-- is taken here only beyond the ones they are owed (looked at once half the slots are held;
+-- below that a waiter finds a free slot too when it asks).
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then return {'gone'} end
 local v = version_of(entry)
@@ -22,7 +23,7 @@ end
 local now = tonumber(ARGV[5])
 redis.call('ZADD', KEYS[3], started_at(now + tonumber(ARGV[4])), ARGV[8])
 local cancelled = redis.call('HGET', KEYS[4], 'cancelled') or '0'
-local slot, dynamic = 0, -1
+local slot, dynamic, held = 0, -1, 0
 if ARGV[6] ~= '' and cancelled ~= '1' then
   local limit = tonumber(ARGV[6])
   local stored = tonumber(redis.call('HGET', KEYS[7], 'limit'))
@@ -30,7 +31,10 @@ if ARGV[6] ~= '' and cancelled ~= '1' then
     dynamic = stored
     if stored < limit then limit = stored end
   end
-  local held = redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[9])
+  held = redis.call('ZCARD', KEYS[6])
+  if held * 2 >= limit then  -- waiters only exist while slots are scarce
+    held = held + redis.call('ZCARD', KEYS[9])
+  end
   if held >= limit then
     redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
     held = redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[9])
@@ -41,4 +45,4 @@ if ARGV[6] ~= '' and cancelled ~= '1' then
   end
 end
 return {'ok', entry, cancelled, redis.call('LRANGE', KEYS[5], 0, -1), slot, dynamic,
-        redis.call('LRANGE', KEYS[8], 0, -1)}
+        redis.call('LRANGE', KEYS[8], 0, -1), held}

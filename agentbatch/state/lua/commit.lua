@@ -24,9 +24,7 @@
 -- submit), plus a ``gone`` tombstone that outlives them, all in this one atomic step.
 local member = ARGV[11] .. ':' .. ARGV[1]  -- in the fleet-wide watch zset
 local token = ARGV[5]
-if token ~= '' and KEYS[12] ~= KEYS[2] and redis.call('ZREM', KEYS[12], token) == 1 then
-  redis.call('PUBLISH', KEYS[12] .. ':freed', 'freed')  -- queued turns listen there
-end
+if token ~= '' and KEYS[12] ~= KEYS[2] then redis.call('ZREM', KEYS[12], token) end
 if version_of(redis.call('HGET', KEYS[1], ARGV[1])) ~= ARGV[2] then
   if token ~= '' and redis.call('GET', KEYS[2]) == token then redis.call('DEL', KEYS[2]) end
   return 0
