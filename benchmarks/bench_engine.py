@@ -1,7 +1,8 @@
 """agentbatch vs the peers on the real engine: llama.cpp's ``llama-server`` with SmolLM2-135M.
 
     python -m benchmarks.bench_engine --rounds 3 \
-        --systems embedded,embedded_unstreamed,distributed,naive,naive_stream,batch_agent \
+        --systems embedded,embedded_unstreamed,embedded_batched,distributed,\
+distributed_uncapped,naive,naive_stream,batch_agent \
         --workloads structured:40:3,tools:40:3,structured:200:2 \
         --stream-workloads structured:40 --max-tokens 96 --timeout 600 \
         --json benchmarks/results/engine.json
