@@ -75,7 +75,7 @@ class Claim:
     slot: bool = False  # ok: the inference slot was taken too (holder: the lease token)
     listed: int = 0  # ok: how many of state.messages are in the agent's msgs list
     aimd_limit: int = -1  # the fleet's shared AIMD limit as the claim saw it (-1: none)
-    slots_held: int = 0  # ok, slot asked: slots held before it (with waiters, if over half)
+    slots_held: int = 0  # ok, slot asked: slots held before it (and queued, if it fills half)
 
 
 @dataclass(frozen=True)

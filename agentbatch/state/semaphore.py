@@ -155,7 +155,7 @@ class RedisSemaphore:
     async def announce_release(self) -> None:
         """Wake the queued turns (``woken``): a slot was freed. The worker's commit releases
         its slot in its own script and calls this after it only while slots are scarce (the
-        turn waited, or its claim found half of them held), so an uncontended fleet pays
+        turn waited, or its slot filled half of them), so an uncontended fleet pays
         no extra command per turn."""
         await self._r.publish(self.freed_channel, FREED)
 

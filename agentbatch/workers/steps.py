@@ -182,7 +182,7 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
         raise
     followups = await commit(ctx, loaded, state, new, token, slot_key, claim.listed,
                              logged=True)
-    if sem is not None and (not claim.slot or 2 * claim.slots_held >= sem.limit):
+    if sem is not None and (not claim.slot or 2 * (claim.slots_held + 1) > sem.limit):
         # slots are scarce: turns may be queued for the one the commit just freed
         await sem.announce_release()
     return followups

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -96,18 +97,22 @@ async def _queued(client: Any, s: RedisSemaphore, n: int) -> bool:
 
 
 async def test_a_claim_does_not_overtake_a_queued_turn(client: Any) -> None:
-    s = sem(client, "prio-2")
+    """Whether the queued turn polls first or the claim asks first, the slot is its."""
+    s = sem(client, f"prio-2-{uuid.uuid4().hex[:8]}")
     store = BatchStore(client, Scripts(client), "prio-claim")
     await client.hset(store.k.state, "0", "1:" + stored_state(AgentState(index=0, input={})))
     assert await s.try_acquire("holder")
     waiting = asyncio.create_task(_hold(s, "queued", 2))
     await until(lambda: _queued(client, s, 1))
     await s.release("holder")  # one free slot, owed to "queued"
-    claim = await store.claim_turn(0, 1, "claimer", 30_000, slot=s.ask())
-    assert claim.kind == "ok" and claim.slot is False
-    assert await s.try_acquire("newcomer") is False
-    await asyncio.wait_for(waiting, 10)
-    assert "queued" in await client.zrange(s.key, 0, -1)
+    try:
+        claim = await store.claim_turn(0, 1, "claimer", 30_000, slot=s.ask())
+        assert claim.kind == "ok" and claim.slot is False
+        assert await s.try_acquire("newcomer") is False
+        await asyncio.wait_for(waiting, 10)
+        assert await client.zrange(s.key, 0, -1) == ["queued"]
+    finally:
+        waiting.cancel()
 
 
 async def _hold(s: RedisSemaphore, holder: str, turns_left: int) -> None:
@@ -117,7 +122,7 @@ async def _hold(s: RedisSemaphore, holder: str, turns_left: int) -> None:
 
 
 async def test_a_dead_waiter_loses_its_place_and_the_queue_keys_expire(client: Any) -> None:
-    s = sem(client, "prio-3")
+    s = sem(client, f"prio-3-{uuid.uuid4().hex[:8]}")
     assert await s.try_acquire("holder")
     task = asyncio.create_task(_hold(s, "dies", 0))
     await until(lambda: _queued(client, s, 1))

@@ -11,8 +11,11 @@
 -- expiry uses now_ms, Redis's own TIME as last synced by the worker (redis_store.now_ms).
 -- Expired holders are purged only when the set looks full, so a free slot costs 3 calls.
 -- Requests already waiting for a slot (sem_acquire's queue) are not overtaken: a free slot
--- is taken here only beyond the ones they are owed (looked at once half the slots are held;
--- below that a waiter finds a free slot too when it asks).
+-- is taken here only beyond the ones they are owed. The queue is looked at when this slot
+-- would fill half of them: turns queue only while slots are scarce, so a fleet far below
+-- its cap pays no command for it (the window left: right after many slots were freed at
+-- once, a claim may start ahead of queued turns that have not asked again yet, while
+-- free slots remain for them too).
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then return {'gone'} end
 local v = version_of(entry)
@@ -32,7 +35,7 @@ if ARGV[6] ~= '' and cancelled ~= '1' then
     if stored < limit then limit = stored end
   end
   held = redis.call('ZCARD', KEYS[6])
-  if held * 2 >= limit then  -- waiters only exist while slots are scarce
+  if (held + 1) * 2 > limit then  -- this slot would fill half: look for queued turns
     held = held + redis.call('ZCARD', KEYS[9])
   end
   if held >= limit then
