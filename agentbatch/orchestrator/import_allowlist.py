@@ -4,8 +4,11 @@ A plan in Redis names its tools and output schema by import path, and importing 
 runs its code. So whoever can write to Redis could make every worker import anything (``os``,
 a module with side effects at import time) unless workers import only under module prefixes
 their operator chose: ``AGENTBATCH_WORKER_IMPORTS=mypkg.tools,agentbatch.toolpool.builtins``.
-The check runs on the path's text, before any import. (The embedded engine is given live
-objects and imports nothing by path, so it needs no list.)
+The check runs on the path's text, before any import. The attribute is one name (a nested
+class for a schema: dotted, never a dunder), so ``mytools:echo.__class__.read_file`` cannot walk
+from an allowed module to a tool outside the list; the loader then checks that what it got
+names itself by the same path (``owns_path``). (The embedded engine is given live objects and
+imports nothing by path, so it needs no list.)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from ..errors import BatchSpecError, ConfigError
 
 __all__ = [
     "WORKER_IMPORTS_ENV", "WORKER_IMPORTS_EXAMPLE", "check_import_path", "module_allowed",
+    "owns_path",
     "parse_import_prefixes", "require_worker_imports",
 ]  # fmt: skip
 
@@ -52,14 +56,36 @@ def module_allowed(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def check_import_path(path: str, prefixes: tuple[str, ...], what: str) -> None:
-    """Refuse ``path`` ("module:attr") unless its module is under ``prefixes``; no import."""
+def check_import_path(path: str, prefixes: tuple[str, ...], what: str, *,
+                      nested: bool = False) -> None:
+    """Refuse ``path`` ("module:attr") unless its module is under ``prefixes``; no import.
+
+    ``attr`` is one name, or with ``nested`` (a schema class inside a class) a dotted one;
+    no part may be a dunder, so a path cannot reach other objects through attributes.
+    """
     module, sep, attr = path.partition(":")
     if not (sep and _dotted(module) and _dotted(attr)):
         raise BatchSpecError(f"{what} {path!r}: expected an import path 'module:attr'")
+    parts = attr.split(".")
+    if any(part.startswith("__") for part in parts) or (len(parts) > 1 and not nested):
+        raise BatchSpecError(
+            f"{what} {path!r}: the attribute must be {'a class name' if nested else 'one name'}"
+            " defined in the module (no attribute chains or dunder names)")
     if not module_allowed(module, prefixes):
         listed = ",".join(prefixes) if prefixes else "unset"
         raise BatchSpecError(
             f"{what} {path!r}: module {module!r} is not under {WORKER_IMPORTS_ENV} "
             f"({listed}); this worker imports tools and schemas only from the module "
             f"prefixes listed there, e.g. {WORKER_IMPORTS_EXAMPLE}")
+
+
+def owns_path(obj: object, path: str) -> bool:
+    """``obj`` names itself by ``path``: a Tool's ``import_path``, a class's module:qualname.
+
+    Checked after import, so an object reached under another name (an alias, a re-export of a
+    tool from a module outside the allowlist) is refused too.
+    """
+    own = getattr(obj, "import_path", None)
+    if own is None and isinstance(obj, type):
+        own = f"{obj.__module__}:{obj.__qualname__}"
+    return own == path

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from ..backends.base import Backend
 from ..errors import BatchSpecError
 from ..toolpool import Tool, ToolPool, resolve_tool
-from .import_allowlist import check_import_path
+from .import_allowlist import check_import_path, owns_path
 from .json_tool_calling import final_parser
 from .output import OutputContract
 from .plan import BatchPlan
@@ -38,7 +38,7 @@ def load_schema(plan: BatchPlan, *, allowed_imports: tuple[str, ...]) -> type[Ba
         return None
     if not plan.output_schema_path:
         raise BatchSpecError(f"output schema {plan.output_schema_name} has no import path")
-    check_import_path(plan.output_schema_path, allowed_imports, "output schema")
+    check_import_path(plan.output_schema_path, allowed_imports, "output schema", nested=True)
     try:
         schema = import_object(plan.output_schema_path)
     except Exception as exc:
@@ -47,6 +47,9 @@ def load_schema(plan: BatchPlan, *, allowed_imports: tuple[str, ...]) -> type[Ba
         ) from None
     if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
         raise BatchSpecError(f"{plan.output_schema_path!r} is not a Pydantic model")
+    if not owns_path(schema, plan.output_schema_path):
+        raise BatchSpecError(f"output schema {plan.output_schema_path!r} is a re-export of "
+                             f"{schema.__module__}:{schema.__qualname__}, not defined there")
     return schema
 
 
@@ -61,9 +64,13 @@ def load_tools(plan: BatchPlan, *, allowed_imports: tuple[str, ...]) -> list[Too
     tools = []
     for name, path in paths:
         try:
-            tools.append(resolve_tool(path))
+            tool = resolve_tool(path)
         except BatchSpecError as exc:
             raise BatchSpecError(f"tool {name!r}: {exc}") from None
+        if not owns_path(tool, path):
+            raise BatchSpecError(f"tool {name!r}: {path!r} is a re-export of the tool at "
+                                 f"{tool.import_path!r}, not defined there")
+        tools.append(tool)
     return tools
 
 

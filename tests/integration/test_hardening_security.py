@@ -1,0 +1,43 @@
+"""Second hardening pass (issue 21): refusals at the trust boundaries, against real processes.
+
+Real `agentbatch worker` processes, a real redis-server and the simulator; each test shows the
+refusal or the clear error, and that nothing ran that should not have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from agentbatch import submit_batch
+from agentbatch.state.keys import BatchKeys
+from tests.support.tools import lookup
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+ONLY_TOOLS = "tests.support.tools"  # agentbatch.toolpool.builtins (read_file) is left out
+
+
+@pytest.mark.parametrize("chain", ["lookup.__class__.read_file", "lookup.read_file"])
+def test_an_attribute_chain_does_not_reach_a_tool_outside_the_allowlist(
+        chain: str, redis_url: str, sim_url: str, start_workers, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("TOP-SECRET-42")
+    handle = submit_batch('Agent {i}.\n@sim tool read_file {{"path": "secret.txt"}}',
+                          [{"i": 0}], tools=[lookup], model="sim-model", backend=sim_url,
+                          redis_url=redis_url)
+    client = redis.from_url(redis_url)
+    key = BatchKeys(handle.batch_id).plan
+    plan = client.get(key).decode()
+    assert plan.count('"tests.support.tools:lookup"') == 1
+    client.set(key, plan.replace('"tests.support.tools:lookup"',
+                                 f'"tests.support.tools:{chain}"'))
+    start_workers(1, concurrency=2, env={"AGENTBATCH_WORKER_IMPORTS": ONLY_TOOLS,
+                                         "AGENTBATCH_FILE_ROOT": str(tmp_path)})
+    (r,) = handle.wait(timeout=120)
+    assert not r.ok, (r.text, r.tool_calls)
+    assert r.error.kind == "tool_import", r.error
+    assert f"tests.support.tools:{chain}" in r.error.message, r.error.message
+    assert [c for c in r.tool_calls if c.name == "read_file" and c.ok] == []
+    assert "TOP-SECRET-42" not in (r.text or "")
