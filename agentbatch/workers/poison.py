@@ -11,6 +11,10 @@ Celery 5.7 / kombu 5.7 stop the whole worker on three kinds of bad queue item (i
   protocol-2 body that decodes but is not ``[args, kwargs, embed]`` (``[]``) raises
   ``ValueError`` in ``Request.__init__``; the worker stops, kombu restores the unacked message,
   and the next worker dies on it too.
+- kombu's ``Message()`` (``body_encoding`` ``"bogus"`` or ``7``) and its Redis QoS (no
+  ``delivery_info.routing_key``, a list as ``delivery_tag``) raise inside ``_deliver``, outside
+  any handler: "Unrecoverable error", rc 0, no dead letter (issue 21 item 5). ``check_raw``
+  refuses these, and :class:`GuardedMessage` dead-letters anything else the build raises.
 
 Two guards, both installed only in worker processes, by :class:`Consumer` (Celery's
 ``worker_consumer`` setting): a check of each raw item in the channel's BRPOP read, before
@@ -34,6 +38,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from vine import promise
 
@@ -46,6 +51,25 @@ MAX_ITEM_BYTES = 4 * 1024 * 1024  # agentbatch's messages are ~1 KB; refuse, nev
 
 class PoisonMessage(ValueError):
     """A queue item that can never become a task; ``str()`` says why."""
+
+
+class UnbuildableMessage(PoisonMessage):
+    """kombu raised while building a message from an item :func:`check_raw` passed."""
+
+
+class GuardedMessage(virtual.Message):
+    """kombu's virtual message, with anything its build raises turned into a dead letter.
+
+    :func:`check_raw` checks what is known to trip the build; this catches what is not (it
+    does no I/O, so no connection error can come from here).
+    """
+
+    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:
+            raise UnbuildableMessage(
+                f"kombu could not build a message: {type(exc).__name__}: {exc}") from exc
 
 
 def check_raw(item: bytes | str) -> dict[str, Any]:
@@ -65,8 +89,18 @@ def check_raw(item: bytes | str) -> dict[str, Any]:
     props = payload.get("properties")
     if not isinstance(props, dict) or "delivery_tag" not in props:
         raise PoisonMessage("not a kombu envelope: no properties.delivery_tag")
-    if not isinstance(props.get("delivery_info", {}), dict):
-        raise PoisonMessage("not a kombu envelope: properties.delivery_info is not a mapping")
+    if not isinstance(props["delivery_tag"], str | int) or isinstance(props["delivery_tag"], bool):
+        raise PoisonMessage("not a kombu envelope: properties.delivery_tag is a "
+                            f"{type(props['delivery_tag']).__name__}, not a string")
+    info = props.get("delivery_info")
+    if not isinstance(info, dict) or not all(k in info for k in ("exchange", "routing_key")):
+        raise PoisonMessage("not a kombu envelope: properties.delivery_info is not a mapping"
+                            " with exchange and routing_key")
+    encoding = props.get("body_encoding")
+    if encoding is not None and not (isinstance(encoding, str) and (
+            encoding.lower() == "utf-8" or encoding in kombu_redis.Channel.codecs)):
+        raise PoisonMessage(f"unknown body_encoding {encoding!r} (kombu knows utf-8 and"
+                            f" {', '.join(kombu_redis.Channel.codecs)})")
     headers = payload.get("headers")
     if headers is not None and not isinstance(headers, dict):
         raise PoisonMessage("not a kombu envelope: headers is not a mapping")
@@ -129,11 +163,10 @@ def _guarded_brpop_read(self: kombu_redis.Channel, **options: Any) -> bool:
         self._queue_cycle.rotate(dest)
         try:
             payload = check_raw(item)
-        except PoisonMessage as exc:
+            self.connection._deliver(payload, dest)  # builds a GuardedMessage
+        except PoisonMessage as exc:  # check_raw's, or the build's UnbuildableMessage
             with self.conn_or_acquire() as client:
                 _dead_letter(client, dest, item, str(exc))
-            return True
-        self.connection._deliver(payload, dest)
         return True
     finally:
         self._in_poll = None
@@ -149,6 +182,7 @@ def install_channel_guard() -> None:
     worker connects (``Consumer.__init__`` does it).
     """
     kombu_redis.Channel._brpop_read = _guarded_brpop_read  # type: ignore[method-assign]
+    kombu_redis.Channel.Message = GuardedMessage
 
 
 class Consumer(CeleryConsumer):
