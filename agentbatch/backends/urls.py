@@ -80,6 +80,29 @@ class BackendTarget:
         return f"{self.scheme}://{netloc_and_path}"
 
 
+# ``[v6]`` then nothing or ``:port``: urlsplit ignores what follows the bracket otherwise.
+_BRACKETED_HOST_RE = re.compile(r"^\[[^\]]*\](:[^:]*)?$")
+_USERINFO_RE = re.compile(r"//[^/?#]*@")
+
+
+def _split(url: str) -> SplitResult:
+    """``urlsplit`` with a malformed host (an unclosed or junk IPv6 literal) refused as a
+    spec error naming the URL, credentials masked, instead of a bare ``ValueError``."""
+    try:
+        parts = urlsplit(url.strip())
+        host_port = parts.netloc.rpartition("@")[2]
+        if "[" in host_port and not _BRACKETED_HOST_RE.match(host_port):
+            raise ValueError("text after the bracketed IPv6 address")
+        parts.hostname  # noqa: B018 - validates the bracketed address
+    except ValueError as exc:
+        shown = _USERINFO_RE.sub("//***@", url)
+        raise BatchSpecError(
+            f"invalid host in backend URL {shown!r} ({exc}); an IPv6 address goes in "
+            "brackets, e.g. vllm://[::1]:8000"
+        ) from None
+    return parts
+
+
 def _known() -> str:
     return ", ".join(f"{s}://" for s in KNOWN_SCHEMES)
 
@@ -124,7 +147,7 @@ def parse_backend_url(
     if not isinstance(url, str) or "://" not in url:
         raise BatchSpecError(f"backend URL {url!r} has no scheme; expected one of {_known()}")
     raw = url
-    parts = urlsplit(url.strip())
+    parts = _split(url)
     if parts.password is not None:
         # Refuse rather than echo or silently drop it: keys go in api_key / the environment.
         raise BatchSpecError(

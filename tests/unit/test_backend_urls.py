@@ -220,3 +220,27 @@ def test_registry_api_key_argument_satisfies_openai() -> None:
 def test_registry_missing_openai_key() -> None:
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         backend_from_url("openai://")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sim://[::1:18441",
+        "vllm://[::1",
+        "http://[::1",
+        "openai://[::1",
+        "anthropic://[x",
+        "sim://::1]:80",
+        "sim://[zz]:80",
+        "vllm://[::1]x:80",
+        "llamacpp://[::1]junk",
+        "https://user:sk-secret@[::1:80/v1",
+    ],
+)
+def test_malformed_host_names_the_url(url: str) -> None:
+    """A broken IPv6 literal is a spec error naming the backend URL, never a raw ValueError
+    from urlsplit (which the CLI would show as a traceback)."""
+    with pytest.raises(BatchSpecError, match="backend URL") as info:
+        parse_backend_url(url)
+    assert "host" in str(info.value)
+    assert "sk-secret" not in str(info.value)
