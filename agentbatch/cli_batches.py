@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .cli_text import inert
+
 if TYPE_CHECKING:
     import redis
 
@@ -75,7 +77,8 @@ def ls(redis_url: str = _REDIS_URL,
         table.add_column(column, justify="left" if column in ("batch", "status") else "right")
     for info in infos:
         age = now - info.created_at if info.created_at else None
-        table.add_row(info.batch_id, info.status, f"{info.delivered}/{info.total}", _age(age),
+        progress = "?" if info.status == "damaged" else f"{info.delivered}/{info.total}"
+        table.add_row(inert(info.batch_id), inert(info.status), progress, _age(age),
                       str(info.keys), "-" if no_sizes else _size(info.bytes),
                       _age(info.ttl_s) if info.ttl_s is not None else "never (running)")
     console.print(table)

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .cli_text import inert
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Queue messages workers refused as malformed (see `ls`, `drop`).")
 console = Console()
@@ -29,6 +31,16 @@ def _client(redis_url: str | None) -> redis.Redis:
     return sync_client(redis_url, decode_responses=False)
 
 
+def _when(at: object) -> str:
+    """A letter's time as UTC text, or ``?`` when it is not a usable timestamp."""
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return "?"
+    try:
+        return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # 1e300, nan, inf
+        return "?"
+
+
 @app.command("ls")
 def ls(redis_url: str = _REDIS_URL,
        limit: int = typer.Option(100, min=1, help="Show at most this many (newest first)."),
@@ -46,12 +58,10 @@ def ls(redis_url: str = _REDIS_URL,
     table = Table(title=f"{total} dead letter(s) in {dead_letters.DEAD_LETTERS}")
     for column in ("id", "when (UTC)", "queue", "bytes", "reason", "raw (start)"):
         table.add_column(column, overflow="fold")
-    for letter in letters:
-        when = (dt.datetime.fromtimestamp(letter["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-                if isinstance(letter.get("at"), int | float) else "?")
-        table.add_row(str(letter.get("id")), when, str(letter.get("queue")),
-                      str(letter.get("size", "?")), str(letter.get("reason")),
-                      str(letter.get("raw", ""))[:80])
+    for letter in letters:  # anyone who can write Redis wrote these: every cell is inert
+        table.add_row(inert(letter.get("id")), _when(letter.get("at")), inert(letter.get("queue")),
+                      inert(letter.get("size", "?")), inert(letter.get("reason")),
+                      inert(str(letter.get("raw", ""))[:80]))
     console.print(table)
 
 

@@ -135,7 +135,7 @@ def oom_error(batch_id: str, why: str, status: dict[str, int] | None = None
 @dataclass
 class BatchInfo:
     batch_id: str
-    status: str  # running | cancelling | finished | cancelled
+    status: str  # running | cancelling | finished | cancelled | partial | damaged
     total: int
     delivered: int
     created_at: float | None
@@ -178,11 +178,15 @@ def list_batches(client: redis.Redis, *, sizes: bool = True) -> list[BatchInfo]:
                     p.memory_usage(key)
             meta, pttl, *usage = p.execute()
         created = meta.get("created_at")
+        status = _status(meta) if meta else "partial"
+        try:
+            total, delivered = int(meta.get("total", 0)), int(meta.get("delivered", 0))
+            created_at = float(created) if created else None
+        except ValueError:  # a damaged meta hash is one row, not the whole listing's crash
+            status, total, delivered, created_at = "damaged", 0, 0, None
         infos.append(BatchInfo(
-            batch_id=batch_id, status=_status(meta) if meta else "partial",
-            total=int(meta.get("total", 0)), delivered=int(meta.get("delivered", 0)),
-            created_at=float(created) if created else None,
-            ttl_s=pttl / 1000 if pttl and pttl > 0 else None,
+            batch_id=batch_id, status=status, total=total, delivered=delivered,
+            created_at=created_at, ttl_s=pttl / 1000 if pttl and pttl > 0 else None,
             keys=len(keys), bytes=sum(int(u or 0) for u in usage)))
     infos.sort(key=lambda i: (i.created_at or 0.0, i.batch_id))
     return infos

@@ -3,11 +3,17 @@
 - item 5: queue messages that pass the raw check but that kombu cannot build into a message
   (an unknown ``body_encoding``, one that is not a string, a delivery record kombu's QoS cannot
   file) used to stop the worker with "Unrecoverable error" and rc 0; they are dead-lettered.
+- item 12: `agentbatch ls` and `dead-letters ls` print text from Redis (batch ids, dead-letter
+  reasons and raw items) as markup with escape sequences intact; a meta hash with
+  ``total=notanint`` crashed `ls` with a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,6 +24,7 @@ from agentbatch.state.keys import DEAD_LETTERS
 from agentbatch.workers.app import TURN_TASK, client_app
 from agentbatch.workers.envelope import envelope
 from tests.support.tools import Answer
+from tests.support.workers import REPO
 
 pytestmark = [pytest.mark.redis]
 
@@ -86,3 +93,57 @@ def test_whatever_kombu_raises_while_building_a_message_is_a_poison_message(redi
     payload = json.loads(_unbuildable_items(redis_url)["encoding_bogus"])
     with Connection(redis_url) as conn, pytest.raises(UnbuildableMessage, match="AttributeError"):
         GuardedMessage(payload, channel=conn.default_channel)
+
+
+# a terminal acts on these: set the title, clear the screen, draw a clickable link
+HOSTILE = ("\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\"
+           "\x9b31m\u202e[bold red]markup[/] [link=http://evil.example/]L[/link]")
+
+
+def _agentbatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess; a wide COLUMNS so rich does not fold what we look for."""
+    return subprocess.run([sys.executable, "-m", "agentbatch.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "COLUMNS": "2000", **(env or {})})
+
+
+def _assert_inert(out: str) -> None:
+    """No control character reached the terminal, and the markup is shown as typed."""
+    bad = sorted({hex(ord(c)) for c in out if not (c.isprintable() or c == "\n")})
+    assert not bad, (bad, out)
+    assert "[bold red]markup[/]" in out and "[link=http://evil.example/]L[/link]" in out, out
+
+
+def test_ls_shows_hostile_batch_ids_inert_and_a_damaged_meta_as_damaged(redis_url):
+    r = redis.from_url(redis_url, decode_responses=True)
+    r.hset(f"ab:{{{HOSTILE}}}:meta", mapping={"total": 2, "delivered": 1,
+                                               "created_at": time.time()})
+    r.hset("ab:{broken}:meta", mapping={"total": "notanint", "delivered": 0})
+    r.hset("ab:{fine}:meta", mapping={"total": 3, "delivered": 3, "finished": 1,
+                                      "created_at": time.time()})
+    out = _agentbatch("ls", "--redis-url", redis_url)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    _assert_inert(out.stdout)
+    (broken,) = [line for line in out.stdout.splitlines() if "broken" in line]
+    assert "damaged" in broken, out.stdout
+    (fine,) = [line for line in out.stdout.splitlines() if "fine" in line]
+    assert "finished" in fine and "3/3" in fine, out.stdout
+    listed = _agentbatch("ls", "--json", "--no-sizes", "--redis-url", redis_url)
+    assert listed.returncode == 0, listed.stderr
+    rows = {x["batch_id"]: x for x in map(json.loads, listed.stdout.splitlines())}
+    assert rows["broken"]["status"] == "damaged" and HOSTILE in rows, rows
+
+
+def test_dead_letters_ls_shows_hostile_letters_inert(redis_url):
+    r = redis.from_url(redis_url, decode_responses=True)
+    r.lpush(DEAD_LETTERS, json.dumps({"id": HOSTILE, "at": time.time(), "queue": HOSTILE,
+                                      "reason": HOSTILE, "size": 3, "raw": HOSTILE}))
+    r.lpush(DEAD_LETTERS, json.dumps({"id": "far-future", "at": 1e300, "queue": "tools",
+                                      "reason": "r", "size": 1, "raw": "x"}))
+    r.lpush(DEAD_LETTERS, "hand pushed " + HOSTILE)
+    out = _agentbatch("dead-letters", "ls", "--redis-url", redis_url)
+    assert out.returncode == 0, out.stderr
+    assert "3 dead letter" in out.stdout, out.stdout
+    _assert_inert(out.stdout)
+    assert "far-future" in out.stdout, out.stdout
