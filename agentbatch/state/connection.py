@@ -6,7 +6,9 @@ the Celery broker (``broker_url`` / ``broker_ssl``), so the two never disagree:
 * ``rediss://`` always verifies the server's certificate (``CERT_REQUIRED``); the CA, client
   certificate and key come from the URL's ``ssl_ca_certs``, ``ssl_certfile`` and
   ``ssl_keyfile`` query options (the system CAs when no ``ssl_ca_certs`` is given). Asking
-  for unverified TLS (``ssl_cert_reqs=none``) is refused.
+  for unverified TLS (``ssl_cert_reqs=none``) or for no hostname check
+  (``ssl_check_hostname=false``: then any certificate from the CA, any public CA without
+  ``ssl_ca_certs``, would be trusted for this host) is refused.
 * ``unix:///path/to/redis.sock?db=N`` works for both (kombu spells it ``redis+socket://``).
 * A password must be percent-encoded (``urllib.parse.quote(password, safe="")``); a URL that
   does not parse is refused without echoing any part of it but its scheme.
@@ -56,6 +58,7 @@ CLUSTER_UNSUPPORTED = (
 )
 TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _VERIFIED = ("required", "cert_required")
+_CHECKED = ("true", "1", "yes", "on")  # what redis-py reads as ssl_check_hostname on
 
 _CLIENT_OPTS = {
     "decode_responses": True,
@@ -204,7 +207,8 @@ def check_url(url: str) -> None:
         raise ConfigError(f"{mask_url(url)}: a unix:// URL needs the socket's path, "
                           "e.g. unix:///run/redis/redis.sock?db=0")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    tls = [k for k in (*TLS_FILE_OPTIONS, "ssl_cert_reqs") if k in query]
+    tls = [k for k in (*TLS_FILE_OPTIONS, "ssl_cert_reqs", "ssl_check_hostname")
+           if k in query]
     if tls and parts.scheme != "rediss":
         raise ConfigError(f"{mask_url(url)}: {', '.join(tls)} only apply to rediss:// URLs")
     reqs = query.get("ssl_cert_reqs")
@@ -212,6 +216,13 @@ def check_url(url: str) -> None:
         raise ConfigError(
             f"{mask_url(url)}: ssl_cert_reqs={reqs}: agentbatch only speaks verified TLS; give "
             "the server's CA with ?ssl_ca_certs=/path/to/ca.pem instead"
+        )
+    check = query.get("ssl_check_hostname")
+    if check is not None and check.lower() not in _CHECKED:
+        raise ConfigError(
+            f"{mask_url(url)}: ssl_check_hostname={check}: agentbatch always checks that the "
+            "server's certificate names the host in the URL; connect by a name the "
+            "certificate lists, or reissue it with that name"
         )
 
 
@@ -222,7 +233,7 @@ def broker_ssl(url: str) -> dict[str, Any] | None:
     if parts.scheme != "rediss":
         return None
     query = dict(parse_qsl(parts.query))
-    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
     options.update({k: query[k] for k in TLS_FILE_OPTIONS if query.get(k)})
     return options
 
@@ -243,7 +254,7 @@ def broker_url(url: str) -> str:
         return ";".join(f"sentinel://{userinfo}{host}/{db}" for host in split[2])
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-             if k not in (*TLS_FILE_OPTIONS, "ssl_cert_reqs")]
+             if k not in (*TLS_FILE_OPTIONS, "ssl_cert_reqs", "ssl_check_hostname")]
     if parts.scheme == "unix":
         query = [("virtual_host", v) if k == "db" else (k, v) for k, v in query]
         auth = parts.netloc.rpartition("@")[0]
@@ -286,6 +297,7 @@ def _options(url: str, overrides: dict[str, Any], defaults: dict[str, Any]) -> d
             options.pop(name, None)
     if scheme == "rediss":
         options["ssl_cert_reqs"] = "required"
+        options["ssl_check_hostname"] = True
     return options
 
 

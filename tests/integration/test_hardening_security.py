@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from agentbatch import submit_batch
+from agentbatch import BatchSpecError, ConfigError, submit_batch
+from agentbatch.state.connection import sync_client
 from agentbatch.state.keys import BatchKeys
+from agentbatch.workers.app import celery_config
 from tests.support.tools import lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -41,3 +43,36 @@ def test_an_attribute_chain_does_not_reach_a_tool_outside_the_allowlist(
     assert f"tests.support.tools:{chain}" in r.error.message, r.error.message
     assert [c for c in r.tool_calls if c.name == "read_file" and c.ok] == []
     assert "TOP-SECRET-42" not in (r.text or "")
+
+
+@pytest.fixture(scope="module")
+def tls_server():
+    import shutil
+
+    from tests.support.secure_redis import TlsRedisServer
+
+    if shutil.which("redis-server") is None or shutil.which("openssl") is None:
+        pytest.skip("redis-server and the openssl CLI are needed (.ci/run installs them)")
+    server = TlsRedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.mark.parametrize("value", ["false", "False", "0", "no", "off"])
+def test_tls_without_the_hostname_check_is_refused_by_name(tls_server, sim_url,
+                                                            value: str) -> None:
+    """The certificate names 127.0.0.1 and localhost; 127.0.0.2 reaches the same server. With
+    the hostname check off, any certificate from the CA would be trusted for any host."""
+    url = tls_server.url(ca=tls_server.ca, host="127.0.0.2",
+                         query=f"ssl_check_hostname={value}")
+    with pytest.raises(ConfigError, match=f"ssl_check_hostname={value}"):
+        sync_client(url)
+    with pytest.raises(ConfigError, match=f"ssl_check_hostname={value}"):
+        celery_config(url)
+    with pytest.raises(BatchSpecError, match=f"redis_url: .*ssl_check_hostname={value}"):
+        submit_batch("Agent {i}.", [{"i": 0}], model="m", backend=sim_url, redis_url=url)
+    # the check stays on (and fails for 127.0.0.2) when the option asks for it
+    checked = tls_server.url(ca=tls_server.ca, host="127.0.0.2",
+                             query="ssl_check_hostname=true")
+    with pytest.raises(redis.ConnectionError, match=r"(?i)hostname|match"):
+        sync_client(checked).ping()
