@@ -7,6 +7,7 @@ lacks, a tool path that does not import, a backend URL that does not parse).
 
 from __future__ import annotations
 
+import json
 import string
 import time
 import uuid
@@ -108,8 +109,34 @@ def schema_import_path(schema: type[BaseModel] | None) -> str | None:
     return f"{schema.__module__}:{schema.__qualname__}"
 
 
+def shows_schema(text: str | None, schema: dict[str, Any] | None) -> bool:
+    """``text`` already holds ``schema`` as a JSON object (in any spacing or key order).
+
+    A system prompt that pastes the output schema must not get a second copy: the model
+    would read every field twice, and the shared prefix would grow by the schema's size.
+    """
+    if not text or schema is None:
+        return False
+    names = schema.get("properties") or {}
+    if not all(f'"{name}"' in text for name in names):
+        return False  # cheap: a JSON copy of the schema quotes every field name
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            start = text.find("{", start + 1)
+            continue
+        if value == schema:
+            return True
+        start = text.find("{", end if end > start else start + 1)
+    return False
+
+
 def system_message(system_prompt: str | None, contract: OutputContract) -> str:
-    parts = [p for p in (system_prompt or "", contract.instructions()) if p]
+    shown = shows_schema(system_prompt, contract.json_schema)
+    parts = [p for p in (system_prompt or "", "" if shown else contract.instructions()) if p]
     return "\n\n".join(parts) or "You are a helpful assistant."
 
 
@@ -129,8 +156,10 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         check_batch_prompting(backends, has_tools=bool(tools) and tool_calling != "json")
     system = system_message(opts.system_prompt, contract)
     if tool_calling == "json":  # the format and the tools, in the shared cached prefix
+        shown = shows_schema(opts.system_prompt, contract.json_schema)
         system = "\n\n".join(p for p in (opts.system_prompt or "", json_instructions(
-            [t.openai_schema() for t in tools], contract.json_schema)) if p)
+            [t.openai_schema() for t in tools], contract.json_schema, schema_shown=shown))
+            if p)
     plan = BatchPlan(
         batch_id=opts.batch_id or uuid.uuid4().hex[:16],
         total=len(items),

@@ -186,9 +186,12 @@ def union_schema(tool_schemas: list[dict[str, Any]], output_schema: dict[str, An
     return schema
 
 
-def instructions(tool_schemas: list[dict[str, Any]], output_schema: dict[str, Any] | None
-                 ) -> str:
-    """The format and the tools, for the shared system message (byte-identical per batch)."""
+def instructions(tool_schemas: list[dict[str, Any]], output_schema: dict[str, Any] | None,
+                 *, schema_shown: bool = False) -> str:
+    """The format and the tools, for the shared system message (byte-identical per batch).
+
+    ``schema_shown``: the caller's system prompt already holds the output schema; refer to
+    it instead of repeating it."""
     lines = [
         "Reply with exactly one JSON object and nothing else, in one of two forms.",
         'To call tools: {"tool_calls": [{"name": "<tool name>", "arguments": {...}}]} '
@@ -196,6 +199,9 @@ def instructions(tool_schemas: list[dict[str, Any]], output_schema: dict[str, An
     ]
     if output_schema is None:
         lines.append('To give your final answer: {"final": "<your answer as a string>"}.')
+    elif schema_shown:
+        lines.append('To give your final answer: {"final": <an object matching the output '
+                     "JSON schema given above>}.")
     else:
         lines.append('To give your final answer: {"final": <an object matching this JSON '
                      f"schema>}}:\n{canonical_json(output_schema)}")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentbatch.errors import BatchSpecError
+from agentbatch.model_io import canonical_json
+from agentbatch.orchestrator.compile import compile_batch
 from agentbatch.orchestrator.import_allowlist import check_import_path, owns_path
+from agentbatch.orchestrator.options import BatchOptions
+from agentbatch.orchestrator.output import OutputContract
 from agentbatch.toolpool.builtins import read_file
 from tests.support.tools import Answer, lookup
 
@@ -38,3 +44,29 @@ def test_a_loaded_object_must_name_itself_by_the_requested_path() -> None:
     # a re-export of a tool defined outside the allowlist is not that module's tool
     assert not owns_path(read_file, "tests.support.tools:read_file")
     assert not owns_path(Answer, "tests.support.other:Answer")
+
+
+SIM = "sim://127.0.0.1:9"  # never contacted
+
+
+def _system(**kw) -> str:
+    opts = BatchOptions(task="Say {x}.", inputs=[{"x": 1}], model="m", backend=SIM,
+                        output_schema=Answer, **kw)
+    return compile_batch(opts).plan.system_message
+
+
+@pytest.mark.parametrize("given", [
+    "",
+    OutputContract(Answer).instructions(),
+    "Answer in this schema: " + json.dumps(Answer.model_json_schema(), indent=2),
+    "Schema:\n" + canonical_json(Answer.model_json_schema()) + "\nBe brief.",
+])
+@pytest.mark.parametrize("mode", ["native", "json"])
+def test_the_output_schema_is_in_the_system_message_once(given: str, mode: str) -> None:
+    kw = {"tools": [lookup], "tool_calling": "json"} if mode == "json" else {}
+    system = _system(system_prompt=given or None, **kw)
+    # each field name appears once per copy of the schema ("score" in properties + required)
+    per_copy = canonical_json(Answer.model_json_schema()).count('"score"')
+    assert system.count('"score"') == per_copy, system
+    if given:
+        assert system.startswith(given)
