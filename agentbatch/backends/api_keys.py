@@ -11,7 +11,9 @@ key lives on the *worker*:
 * ``?api_key_env=ENV_VAR_NAME`` on the backend URL names the variable for that one backend. In
   the submitting process it is honoured as written; a worker honours it only when its own
   ``AGENTBATCH_API_KEYS`` maps the host to the same variable, so a plan cannot make a worker
-  send one of its variables to a host of the plan's choosing.
+  send one of its variables to a host of the plan's choosing. Either way the name must be
+  one ``AGENTBATCH_API_KEYS`` lists or end in ``_API_KEY`` (``check_key_env``), so a URL cannot
+  send ``REDIS_PASSWORD`` or ``AWS_SECRET_ACCESS_KEY`` as a bearer token.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..errors import ConfigError
 
 API_KEYS_ENV = "AGENTBATCH_API_KEYS"
 KEY_ENV_OPTION = "api_key_env"
+KEY_SUFFIX = "_API_KEY"  # a variable so named may be given by ?api_key_env= (check_key_env)
 # backend scheme -> (official host, environment variable whose key may go to it)
 OFFICIAL: dict[str, tuple[str, str]] = {
     "openai": ("api.openai.com", "OPENAI_API_KEY"),
@@ -38,6 +41,21 @@ def check_env_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
         raise ConfigError(f"{what} must name an environment variable (letters, digits, _)")
     return name
+
+
+def check_key_env(name: str) -> str:
+    """``name`` if a backend URL may name it as a key's variable; ``ConfigError`` otherwise.
+
+    Any variable of the sending process would otherwise go out as a bearer token; only those
+    the operator listed as keys, or named like keys, may.
+    """
+    check_env_name(name, KEY_ENV_OPTION)
+    if name.endswith(KEY_SUFFIX) or name in host_key_map().values():
+        return name
+    raise ConfigError(
+        f"{KEY_ENV_OPTION}={name}: only a variable named *{KEY_SUFFIX} or one that "
+        f"{API_KEYS_ENV} lists can hold an API key (e.g. ?{KEY_ENV_OPTION}=LOCAL_LLM"
+        f"{KEY_SUFFIX}, or {API_KEYS_ENV}='{{\"host:port\": \"{name}\"}}')")
 
 
 def host_key_map() -> dict[str, str]:
@@ -88,6 +106,7 @@ def resolve_api_key(
     mapping = host_key_map()
     mapped = mapping.get(netloc) or mapping.get(host)
     if key_env is not None:
+        check_key_env(key_env)
         if not trust_key_env and key_env != mapped:
             raise ConfigError(
                 f"{KEY_ENV_OPTION}={key_env} for {netloc}: a worker sends a key only to a host "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from ..errors import BatchSpecError, ConfigError
-from .api_keys import KEY_ENV_OPTION, OFFICIAL, check_env_name, resolve_api_key, withheld_key_error
+from .api_keys import KEY_ENV_OPTION, OFFICIAL, check_key_env, resolve_api_key, withheld_key_error
 
 _TRUE = ("1", "true", "yes", "on", "")  # a bare ``?stream`` switches it on
 _FALSE = ("0", "false", "no", "off")
@@ -198,7 +198,7 @@ def _key_env(url: str, base_scheme: str, values: list[str] | None) -> str | None
             f"?{KEY_ENV_OPTION}= in {url!r}: only openai:// and anthropic:// URLs take a key"
         )
     try:
-        return check_env_name(values[-1], KEY_ENV_OPTION)
+        return check_key_env(values[-1])
     except ConfigError as exc:
         raise BatchSpecError(str(exc)) from None
 

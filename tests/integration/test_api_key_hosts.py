@@ -51,10 +51,11 @@ def test_key_named_for_the_host_is_the_one_sent(
 def test_url_key_env_option_names_the_variable_in_the_submitting_process(
         server: RecordingServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
-    monkeypatch.setenv("LOCAL_LLM_KEY", LOCAL_KEY)
+    monkeypatch.setenv("LOCAL_LLM_API_KEY", LOCAL_KEY)  # *_API_KEY: see check_key_env
     monkeypatch.delenv("AGENTBATCH_API_KEYS", raising=False)
     results = run_batch("Say {x}.", [{"x": 1}],
-                        backend=f"openai://{server.netloc}?api_key_env=LOCAL_LLM_KEY", model="m")
+                        backend=f"openai://{server.netloc}?api_key_env=LOCAL_LLM_API_KEY",
+                        model="m")
     assert results[0].ok, results[0].error
     assert server.authorizations() == [f"Bearer {LOCAL_KEY}"]
 

@@ -6,12 +6,13 @@ refusal or the clear error, and that nothing ran that should not have.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import redis
 
-from agentbatch import BatchSpecError, ConfigError, submit_batch
+from agentbatch import BatchSpecError, ConfigError, run_batch, submit_batch
 from agentbatch.state.connection import sync_client
 from agentbatch.state.keys import BatchKeys
 from agentbatch.workers.app import celery_config
@@ -76,3 +77,42 @@ def test_tls_without_the_hostname_check_is_refused_by_name(tls_server, sim_url,
                              query="ssl_check_hostname=true")
     with pytest.raises(redis.ConnectionError, match=r"(?i)hostname|match"):
         sync_client(checked).ping()
+
+
+@pytest.fixture
+def recording_server():
+    from tests.support.recording_http import RecordingServer
+
+    srv = RecordingServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("name", ["REDIS_PASSWORD", "AWS_SECRET_ACCESS_KEY", "HOME"])
+def test_api_key_env_cannot_send_any_variable_as_a_bearer_token(
+        recording_server, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Only a variable ``AGENTBATCH_API_KEYS`` names, or one called ``*_API_KEY``, is a key."""
+    monkeypatch.setenv(name, "not-a-key-SECRET")
+    monkeypatch.delenv("AGENTBATCH_API_KEYS", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url = f"openai://{recording_server.netloc}?api_key_env={name}"
+    with pytest.raises(BatchSpecError, match=f"api_key_env={name}.*_API_KEY") as info:
+        run_batch("Say {x}.", [{"x": 1}], backend=url, model="m")
+    assert "not-a-key-SECRET" not in str(info.value)
+    assert recording_server.requests == []  # refused before anything was sent
+    # named by AGENTBATCH_API_KEYS (for any host), it is the operator's choice: sent
+    monkeypatch.setenv("AGENTBATCH_API_KEYS", json.dumps({"elsewhere:1": name}))
+    (r,) = run_batch("Say {x}.", [{"x": 1}], backend=url, model="m")
+    assert r.ok, r.error
+    assert recording_server.authorizations() == ["Bearer not-a-key-SECRET"]
+
+
+def test_a_variable_called_api_key_is_accepted(recording_server,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_LLM_API_KEY", "sk-local")
+    monkeypatch.delenv("AGENTBATCH_API_KEYS", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    (r,) = run_batch("Say {x}.", [{"x": 1}], model="m",
+                     backend=f"openai://{recording_server.netloc}?api_key_env=LOCAL_LLM_API_KEY")
+    assert r.ok, r.error
+    assert recording_server.authorizations() == ["Bearer sk-local"]
