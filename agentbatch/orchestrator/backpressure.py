@@ -5,6 +5,15 @@ vLLM-style servers publish ``num_requests_waiting``; when that queue is longer t
 ``max_waiting``, sending more only lengthens it (and every queued prompt holds KV memory the
 running ones could use), so callers wait and re-check every ``interval_s`` instead.
 
+The gauge alone cannot hold a burst: it is read at most every ``interval_s`` and lags what
+this process has just sent (the first reading of a batch sees an empty queue, so a whole first
+wave would go out at once). So the gate also counts the calls it admitted since the reading it
+holds was fetched ("unseen" by the gauge) and admits a call only while
+``waiting + unseen <= max_waiting``: one process adds at most ``max_waiting + 1`` to the
+queue before a fresh reading accounts for it. A call admitted before a fetch started counts as
+seen by it (the caller sends it at once; if it reaches the server after the read, that is the
+slack of one reading).
+
 The load is fetched at most once per ``interval_s`` and shared: however many agents wait, one
 ``fetch_load()`` is in flight at a time. A backend without metrics (``fetch_load`` missing,
 returning None, or failing) never blocks: backpressure is advisory.
@@ -72,6 +81,13 @@ class BackpressureGate:
         self.holds = 0
         self.sleeps = 0
         self.fetches = 0
+        self._admitted = 0  # calls let through, ever
+        self._seen = 0  # of those, how many were sent before the held reading was fetched
+
+    @property
+    def unseen(self) -> int:
+        """Calls admitted since the held reading was fetched: not yet in its gauge."""
+        return self._admitted - self._seen
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -88,11 +104,12 @@ class BackpressureGate:
         return not self._blocked(self._load)
 
     def _blocked(self, load: ServerLoad | None) -> bool:
-        return load is not None and load.waiting > self.max_waiting
+        return load is not None and load.waiting + self.unseen > self.max_waiting
 
     async def wait_ready(self, deadline: float | None = None,
                          cancelled: CancelCheck | None = None) -> None:
-        """Return once the last known load shows ``waiting <= max_waiting`` (or is unknown).
+        """Return once the last known load plus the calls it has not seen yet is at most
+        ``max_waiting`` (or the load is unknown); the call returned for counts as sent.
 
         While held: raise ``ServerBusy`` once ``deadline`` (on the gate's clock) has passed,
         and ``BatchCancelled`` when ``cancelled()`` says so (asked once per interval held).
@@ -114,11 +131,13 @@ class BackpressureGate:
                     assert load is not None
                     raise ServerBusy(
                         f"the server's queue stayed above max_server_waiting="
-                        f"{self.max_waiting:g} ({load.waiting:g} waiting) until the turn's "
-                        f"deadline")
+                        f"{self.max_waiting:g} ({load.waiting:g} waiting, {self.unseen} sent "
+                        f"since that reading) until the turn's deadline")
                 pause = min(pause, left)
             self.sleeps += 1
             await self._sleep(pause)
+        if load is not None:
+            self._admitted += 1
 
     async def load(self) -> ServerLoad | None:
         """The server load, refreshed when older than ``interval_s``; one fetch at a time."""
@@ -137,6 +156,7 @@ class BackpressureGate:
     async def _refresh(self) -> ServerLoad | None:
         assert self._fetch_load is not None
         self.fetches += 1
+        admitted_before = self._admitted  # sent before this read: in its gauge
         try:
             load = await self._fetch_load()
         except Exception as exc:  # advisory: a failing probe must never stall the batch
@@ -147,5 +167,6 @@ class BackpressureGate:
             raise
         self._load = load if isinstance(load, ServerLoad) else None
         self._fetched_at = self._clock()
+        self._seen = max(self._seen, admitted_before)
         self._inflight = None
         return self._load

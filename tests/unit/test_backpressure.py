@@ -61,8 +61,8 @@ def gate_for(backend: object, clock: Clock, **kw: float) -> BackpressureGate:
 
 async def test_a_short_queue_never_blocks_and_the_load_is_cached() -> None:
     clock = Clock()
-    backend = ScriptedLoad(waiting(5))  # == max_waiting is still fine
-    gate = gate_for(backend, clock)
+    backend = ScriptedLoad(waiting(5))
+    gate = gate_for(backend, clock, max_waiting=14)  # 5 waiting + 10 sent: 14 before the last
     for _ in range(10):
         await gate.wait_ready()
     assert backend.calls == 1 and clock.slept == []
@@ -71,6 +71,28 @@ async def test_a_short_queue_never_blocks_and_the_load_is_cached() -> None:
     assert backend.calls == 2
     assert gate.stats() == {"checks": 11, "holds": 0, "sleeps": 0, "fetches": 2,
                             "last_waiting": 5}
+
+
+async def test_a_burst_is_held_at_max_waiting_plus_one_until_a_new_reading() -> None:
+    """The first reading sees an empty queue; the calls admitted since count against it, so
+    a burst of 10 lets 3 through with max_waiting=2 (the gauge alone let all 10 go)."""
+    clock = Clock()
+    release = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        await release.wait()
+        await clock.sleep(seconds)
+
+    backend = ScriptedLoad(waiting(0))
+    gate = BackpressureGate(backend, max_waiting=2, interval_s=0.5, clock=clock, sleep=sleep)
+    waiters = [asyncio.ensure_future(gate.wait_ready()) for _ in range(10)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sum(w.done() for w in waiters) == 3 and gate.unseen == 3
+    assert gate.looks_open() is False
+    release.set()  # time moves on: each new reading admits the next 3
+    await asyncio.wait_for(asyncio.gather(*waiters), 30)
+    assert backend.calls >= 4 and gate.unseen <= 3
 
 
 async def test_a_long_queue_holds_until_it_drains() -> None:
@@ -106,7 +128,7 @@ async def test_many_waiters_share_one_fetch_in_flight() -> None:
     clock = Clock()
     release = asyncio.Event()
     backend = ScriptedLoad(waiting(1), gate=release)
-    gate = gate_for(backend, clock)
+    gate = gate_for(backend, clock, max_waiting=100)  # room for all 50
     waiters = [asyncio.ensure_future(gate.wait_ready()) for _ in range(50)]
     await asyncio.sleep(0)
     await asyncio.sleep(0)
@@ -119,7 +141,7 @@ async def test_many_waiters_share_one_fetch_in_flight() -> None:
 async def test_held_waiters_recheck_together_with_one_fetch_per_interval() -> None:
     clock = Clock()
     backend = ScriptedLoad(waiting(50), waiting(50), waiting(0))
-    gate = gate_for(backend, clock)
+    gate = gate_for(backend, clock, max_waiting=20)  # the drained queue has room for all 20
     await asyncio.gather(*(gate.wait_ready() for _ in range(20)))
     # Each round of re-checks after a sleep shares one fetch: 3 fetches for 20 waiters.
     assert backend.calls == 3 and backend.max_concurrent == 1
