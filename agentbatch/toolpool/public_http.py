@@ -6,11 +6,13 @@ DNS answer cannot change between the check and the connection. Redirects are fol
 hand, each hop checked the same way, at most ``MAX_REDIRECTS`` of them. Proxies and other
 settings from the environment are ignored (``trust_env=False``).
 
-Refused: loopback, private, link-local, CGNAT (100.64/10), unspecified, multicast, reserved
-and other non-global addresses, also when written in decimal/hex or embedded in IPv6
-(IPv4-mapped, 6to4, NAT64, Teredo). ``AGENTBATCH_HTTP_ALLOW=host,host`` lets the listed
-hosts (names, addresses or networks) through even when they are private; cloud-metadata
-addresses are refused even then.
+Refused: every address that is not globally reachable (``is_public``), also when written in
+decimal/hex or embedded in IPv6 (IPv4-mapped, IPv4-translated, IPv4-compatible, 6to4, NAT64,
+Teredo: the embedded IPv4 address is judged too). An IPv6 address must be global unicast
+(2000::/3), so deprecated, translated and local ranges (site-local fec0::/10, local-use NAT64
+64:ff9b:1::/48, ``::a00:1``, ``::ffff:0:a00:1``) are refused by what they are not.
+``AGENTBATCH_HTTP_ALLOW=host,host`` lets the listed hosts (names, addresses or networks)
+through even when they are private; cloud-metadata addresses are refused even then.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..errors import ToolError
 
 __all__ = [
     "HTTP_ALLOW_ENV", "MAX_REDIRECTS", "Allowlist", "address_refusal", "fetch_public",
-    "http_allowlist", "public_client", "resolve_checked",
+    "http_allowlist", "is_public", "public_client", "resolve_checked",
 ]  # fmt: skip
 
 HTTP_ALLOW_ENV = "AGENTBATCH_HTTP_ALLOW"
@@ -43,6 +45,12 @@ METADATA = frozenset(ipaddress.ip_address(a) for a in (
     "192.0.0.192",  # Oracle Cloud
 ))
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT, RFC 2765
+_COMPAT = ipaddress.ip_network("::/96")  # deprecated IPv4-compatible (:: and ::1 included)
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+# IANA special-purpose blocks, not globally reachable, that Python 3.11 calls global
+# (192.0.0.0/24: IETF protocol assignments, 192.0.0.8 among them; 3fff::/20: documentation).
+_NOT_GLOBAL = (ipaddress.ip_network("192.0.0.0/24"), ipaddress.ip_network("3fff::/20"))
 
 
 @dataclass(frozen=True)
@@ -79,9 +87,20 @@ def _embedded_v4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None
         return address.sixtofour
     if address.teredo is not None:
         return address.teredo[1]
-    if address in _NAT64:
+    if address in _NAT64 or address in _TRANSLATED or address in _COMPAT:
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
+
+
+def is_public(address: _IP) -> bool:
+    """Globally reachable unicast: ``is_global``, not multicast, not a special-purpose block
+    older Pythons miss, and for IPv6 inside global unicast 2000::/3 (``address_refusal``
+    judges an embedded IPv4 address as well)."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if any(address.version == net.version and address in net for net in _NOT_GLOBAL):
+        return False
+    return address.version == 4 or address in _GLOBAL_UNICAST
 
 
 def address_refusal(host: str, address: _IP, allow: Allowlist) -> str | None:
@@ -92,11 +111,11 @@ def address_refusal(host: str, address: _IP, allow: Allowlist) -> str | None:
             return f"{address} is a cloud metadata address"
     if allow.allows(host, address):
         return None
-    for a in (address, inner):
-        if a is not None and (not a.is_global or a.is_multicast):
+    for a in (address, inner):  # both: a 6to4 address of a private IPv4 host is private
+        if a is not None and not is_public(a):
             return (f"{address} is not a public address (loopback, private, link-local, "
-                    f"CGNAT, multicast or reserved); an operator can allow a host with "
-                    f"{HTTP_ALLOW_ENV}=host,host")
+                    f"CGNAT, multicast, reserved or another non-global range); an operator "
+                    f"can allow a host with {HTTP_ALLOW_ENV}=host,host")
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from agentbatch.orchestrator.import_allowlist import check_import_path, owns_pat
 from agentbatch.orchestrator.options import BatchOptions
 from agentbatch.orchestrator.output import OutputContract
 from agentbatch.toolpool.builtins import read_file
+from agentbatch.toolpool.public_http import address_refusal, http_allowlist
 from tests.support.tools import Answer, lookup
 
 ALLOW = ("tests.support",)
@@ -70,3 +72,20 @@ def test_the_output_schema_is_in_the_system_message_once(given: str, mode: str) 
     assert system.count('"score"') == per_copy, system
     if given:
         assert system.startswith(given)
+
+
+@pytest.mark.parametrize("address", [
+    "::7f00:1", "::a00:1", "::a9fe:a9fe", "::ffff:0:a00:1", "::ffff:0:7f00:1",
+    "64:ff9b:1::a00:1", "64:ff9b:1::808:808", "64:ff9b:1:0:a00:1::", "fec0::1",
+    "fec0:0:0:1::1", "192.0.0.8", "192.0.0.1", "100::1", "2001:db8::1", "3fff::1",
+])  # fmt: skip
+def test_every_non_global_address_is_refused(address: str) -> None:
+    refusal = address_refusal("example.com", ipaddress.ip_address(address), http_allowlist(""))
+    assert refusal is not None
+    assert "not a public address" in refusal or "metadata" in refusal, refusal
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2001:4860:4860::8888", "2a00:1450::1"])
+def test_global_unicast_still_passes(address: str) -> None:
+    assert address_refusal("example.com", ipaddress.ip_address(address),
+                           http_allowlist("")) is None
