@@ -161,7 +161,8 @@ def worker(
     from .workers.app import celery_config
     from .workers.settings import use_redis_url
 
-    use_redis_url(redis_url)  # never os.environ: tools and their subprocesses can read that
+    # kept in memory and AGENTBATCH_REDIS_URL scrubbed: tools and subprocesses read os.environ
+    use_redis_url(redis_url)
 
     celery_app.conf.update(celery_config(redis_url))
     if metrics_port:

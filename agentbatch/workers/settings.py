@@ -10,16 +10,22 @@ from ..orchestrator.import_allowlist import WORKER_IMPORTS_ENV, parse_import_pre
 from ..state.redis_store import DEFAULT_RETENTION_S
 
 RETENTION_ENV = "AGENTBATCH_RETENTION_S"
+REDIS_URL_ENV = "AGENTBATCH_REDIS_URL"
 
-# The URL ``agentbatch worker`` was started with. Kept here, never copied into os.environ:
-# everything the worker runs (tools, their subprocesses) can read its environment.
+# The URL ``agentbatch worker`` was started with. Kept here, never in os.environ: everything
+# the worker runs (tools, their subprocesses) can read its environment. Prefork children are
+# forked after it is set, so they inherit it.
 _process_redis_url: str | None = None
 
 
 def use_redis_url(url: str) -> None:
-    """Set the Redis URL this worker process connects to (instead of the environment)."""
+    """Set the Redis URL this worker process connects to, and remove ``AGENTBATCH_REDIS_URL``
+    (and its password) from the environment that tools and their subprocesses inherit.
+
+    Every later reading of settings (``WorkerSettings.from_env``) takes this one first."""
     global _process_redis_url
     _process_redis_url = url
+    os.environ.pop(REDIS_URL_ENV, None)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -78,7 +84,7 @@ class WorkerSettings:
     def from_env(cls, redis_url: str | None = None) -> WorkerSettings:
         return cls(
             redis_url=redis_url or _process_redis_url
-            or os.environ.get("AGENTBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            or os.environ.get(REDIS_URL_ENV, "redis://127.0.0.1:6379/0"),
             lease_ttl_s=_env_float("AGENTBATCH_LEASE_TTL_S", cls.lease_ttl_s),
             queue_grace_s=_env_float("AGENTBATCH_QUEUE_GRACE_S", cls.queue_grace_s),
             max_resends=int(_env_float("AGENTBATCH_MAX_RESENDS", cls.max_resends)),

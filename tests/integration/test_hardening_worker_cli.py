@@ -6,15 +6,19 @@
 - item 12: `agentbatch ls` and `dead-letters ls` print text from Redis (batch ids, dead-letter
   reasons and raw items) as markup with escape sequences intact; a meta hash with
   ``total=notanint`` crashed `ls` with a traceback.
+- item 14: a worker given its URL in ``AGENTBATCH_REDIS_URL`` (as compose and k8s do) kept it,
+  password and all, in ``os.environ``, where every tool and subprocess reads it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,6 +27,8 @@ from agentbatch import submit_batch
 from agentbatch.state.keys import DEAD_LETTERS
 from agentbatch.workers.app import TURN_TASK, client_app
 from agentbatch.workers.envelope import envelope
+from tests.integration.test_worker_redis_url import PASSWORD, UrlWorker, _tool_saw_password
+from tests.support.redis_server import RedisServer
 from tests.support.tools import Answer
 from tests.support.workers import REPO
 
@@ -147,3 +153,24 @@ def test_dead_letters_ls_shows_hostile_letters_inert(redis_url):
     assert "3 dead letter" in out.stdout, out.stdout
     _assert_inert(out.stdout)
     assert "far-future" in out.stdout, out.stdout
+
+
+@pytest.fixture
+def password_url() -> Iterator[str]:
+    """A throwaway redis-server with a password; yields its URL (password in it)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not installed (.ci/run installs it)")
+    server = RedisServer(password=PASSWORD).start()
+    yield server.url
+    server.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_worker_scrubs_the_redis_url_from_its_environment(password_url, sim_url, pool):
+    """The URL only in the environment: the worker connects with it, then tools (in the
+    worker, in a prefork child, in their subprocesses) no longer find the password there."""
+    url = password_url
+    assert PASSWORD in url
+    worker = UrlWorker(["--pool", pool], url_in_env=url).start()
+    assert not _tool_saw_password(url, worker, sim_url)

@@ -17,7 +17,9 @@ from agentbatch import tool
 
 _KEY = os.environ.get("TEST_IMPORT_MARKER_KEY")
 if _KEY:
-    _client = redis.from_url(os.environ["AGENTBATCH_REDIS_URL"])
+    from tests.support.tools import counting_redis_url
+
+    _client = redis.from_url(counting_redis_url())
     _client.rpush(_KEY, os.getpid())
     _client.close()
 

@@ -4,11 +4,11 @@ time (Redis ``TIME``, one clock for every worker) in ``test:rate:<tag>``."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import redis.asyncio as aioredis
 
 from agentbatch import tool
+from tests.support.tools import counting_redis_url
 
 RATE = 5.0
 _clients: dict[int, aioredis.Redis] = {}
@@ -18,8 +18,7 @@ def _redis() -> aioredis.Redis:
     loop_id = id(asyncio.get_running_loop())
     client = _clients.get(loop_id)
     if client is None:
-        url = os.environ.get("AGENTBATCH_REDIS_URL") or os.environ["TEST_REDIS_URL"]
-        client = _clients[loop_id] = aioredis.from_url(url)
+        client = _clients[loop_id] = aioredis.from_url(counting_redis_url())
     return client
 
 

@@ -17,11 +17,20 @@ from agentbatch import ToolContext, ToolError, tool
 _clients: dict[int, aioredis.Redis] = {}
 
 
+def counting_redis_url() -> str:
+    """Where test tools count: ``TEST_REDIS_URL`` (embedded runs), else the Redis of the worker
+    they run in, which keeps its URL in memory (it removes ``AGENTBATCH_REDIS_URL`` from its
+    environment), else ``AGENTBATCH_REDIS_URL``."""
+    from agentbatch.workers.settings import WorkerSettings
+
+    return os.environ.get("TEST_REDIS_URL") or WorkerSettings.from_env().redis_url
+
+
 def _redis() -> aioredis.Redis:
     loop_id = id(asyncio.get_running_loop())
     client = _clients.get(loop_id)
     if client is None:
-        client = _clients[loop_id] = aioredis.from_url(os.environ["AGENTBATCH_REDIS_URL"])
+        client = _clients[loop_id] = aioredis.from_url(counting_redis_url())
     return client
 
 
@@ -132,7 +141,7 @@ _count_clients: dict[tuple[int, str], aioredis.Redis] = {}
 def _count_redis() -> aioredis.Redis:
     """Where these tools count: ``TEST_REDIS_URL`` (embedded runs, in which setting
     ``AGENTBATCH_REDIS_URL`` would select the distributed engine), else the workers' Redis."""
-    url = os.environ.get("TEST_REDIS_URL") or os.environ["AGENTBATCH_REDIS_URL"]
+    url = counting_redis_url()
     key = (id(asyncio.get_running_loop()), url)
     client = _count_clients.get(key)
     if client is None:
