@@ -225,8 +225,9 @@ async def arun_batch(opts: BatchOptions) -> list[AgentResult]:
 
 def get_batch(batch_id: str, *, redis_url: str | None = None) -> BatchHandle:
     """Re-attach to a distributed batch from any process."""
-    if not isinstance(batch_id, str) or not batch_id:
-        raise BatchSpecError(f"batch_id must be a non-empty string, got {batch_id!r}")
+    from .orchestrator.validate import check_batch_id
+
+    check_batch_id(batch_id)
     url = redis_url or os.environ.get("AGENTBATCH_REDIS_URL")
     if not url:
         raise BatchSpecError("get_batch needs redis_url (or AGENTBATCH_REDIS_URL)")

@@ -8,6 +8,7 @@ lacks, a tool path that does not import, a backend URL that does not parse).
 from __future__ import annotations
 
 import json
+import re
 import string
 import time
 import uuid
@@ -39,14 +40,38 @@ class CompiledBatch:
     contract: OutputContract
 
 
+MAX_FORMAT_WIDTH = 256  # the largest width or precision a task template's field may ask for
+# str.format's mini-language: [[fill]align][sign][z][#][0][width][grouping][.precision][type]
+_FORMAT_SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(\d*)[_,]?(?:\.(\d+))?[a-zA-Z%]?", re.S)
+
+
+def _check_field(field_name: str, spec: str, conversion: str | None) -> None:
+    """A task template field is a plain name: ``{x.__class__.__mro__}`` would reach any
+    object from an input, and ``{x:>99999999}`` build a 100 MB prompt per agent."""
+    shown = "{" + field_name + (f"!{conversion}" if conversion else "") + \
+        (f":{spec}" if spec else "") + "}"
+    if not field_name.isidentifier():
+        raise BatchSpecError(
+            f"task template field {shown}: only plain fields are allowed, like "
+            f"{{{field_name.split('.', 1)[0].split('[', 1)[0] or 'x'}}} (no attribute access or "
+            "indexing: put the value you need in the input itself)")
+    match = _FORMAT_SPEC.fullmatch(spec)
+    sizes = [int(n) for n in (match.groups() if match else ()) if n]
+    if match is None or any(n > MAX_FORMAT_WIDTH for n in sizes):
+        raise BatchSpecError(
+            f"task template field {shown}: a format spec may not nest fields or ask for a "
+            f"width or precision above {MAX_FORMAT_WIDTH}; use {{{field_name}}} "
+            "and format the value in the input")
+
+
 def template_fields(task: str) -> list[str]:
-    """Top-level names a ``str.format`` template refers to (``{a.b}`` needs ``a``)."""
+    """The names a ``str.format`` template refers to; each field must be a plain name."""
     try:
         parsed = list(string.Formatter().parse(task))
     except ValueError as exc:
         raise BatchSpecError(f"task template is not a valid format string: {exc}") from None
     names: list[str] = []
-    for _, field_name, _, _ in parsed:
+    for _, field_name, spec, conversion in parsed:
         if field_name is None:
             continue
         root = field_name.split(".", 1)[0].split("[", 1)[0]
@@ -55,6 +80,7 @@ def template_fields(task: str) -> list[str]:
                 "task template uses positional fields like '{}' or '{0}'; "
                 "name them after input keys, e.g. '{path}'"
             )
+        _check_field(field_name, spec or "", conversion)
         if root not in names:
             names.append(root)
     return names

@@ -170,12 +170,25 @@ def check_cursor(after: Any) -> str:
     return after
 
 
+_BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+BATCH_ID_RULE = "1 to 128 characters from A-Z a-z 0-9 . _ : -"
+
+
+def check_batch_id(value: Any) -> str:
+    """A batch id is part of every Redis key, log line and table row of its batch: only a
+    short name of safe characters (no newline, NUL, ``}`` hash-tag end or ``*`` pattern)."""
+    if not isinstance(value, str) or not _BATCH_ID.fullmatch(value):
+        raise BatchSpecError(f"batch_id must be {BATCH_ID_RULE}, got {show(value)}")
+    return value
+
+
 def check_options(opts: BatchOptions) -> None:
     """Every parameter but ``inputs``; raises ``BatchSpecError`` naming the first bad one."""
     _check_string("task", opts.task, optional=False)
     _check_string("model", opts.model, optional=False)
     _check_string("system_prompt", opts.system_prompt, optional=True, empty_ok=True)
-    _check_string("batch_id", opts.batch_id, optional=True)
+    if opts.batch_id is not None:
+        check_batch_id(opts.batch_id)
     _check_redis_url(opts.redis_url)
     _check_backend(opts.backend)
     _check_numbers(opts)

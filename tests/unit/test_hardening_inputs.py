@@ -6,6 +6,7 @@ import ipaddress
 import json
 
 import pytest
+import redis
 
 from agentbatch.errors import BatchSpecError
 from agentbatch.model_io import canonical_json
@@ -89,3 +90,58 @@ def test_every_non_global_address_is_refused(address: str) -> None:
 def test_global_unicast_still_passes(address: str) -> None:
     assert address_refusal("example.com", ipaddress.ip_address(address),
                            http_allowlist("")) is None
+
+
+BAD_BATCH_IDS = [
+    ("newline", "run\n1"), ("NUL", "run\x001"), ("brace", "run}1"), ("star", "run*"),
+    ("space", "run 1"), ("slash", "a/b"), ("100 KB", "x" * 100_000), ("129 chars", "x" * 129),
+    ("empty", ""),
+]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("engine", ["embedded", "distributed"])
+@pytest.mark.parametrize("bad", [b for _, b in BAD_BATCH_IDS],
+                         ids=[name for name, _ in BAD_BATCH_IDS])
+def test_batch_id_is_a_short_safe_name(bad: str, engine: str, request) -> None:
+    from agentbatch import run_batch, submit_batch
+
+    kw: dict = {"model": "m", "backend": SIM, "batch_id": bad}
+    if engine == "distributed":
+        url = request.getfixturevalue("redis_url")
+        with pytest.raises(BatchSpecError, match="batch_id") as exc:
+            submit_batch("Say {x}.", [{"x": 1}], redis_url=url, **kw)
+        assert redis.from_url(url).dbsize() == 0  # nothing written or enqueued
+    else:
+        with pytest.raises(BatchSpecError, match="batch_id") as exc:
+            run_batch("Say {x}.", [{"x": 1}], **kw)
+    assert "A-Z" in str(exc.value) and len(str(exc.value)) < 400
+
+
+@pytest.mark.parametrize("good", ["b1", "run-2024.06.01:part_3", "x" * 128])
+def test_a_safe_batch_id_is_kept(good: str) -> None:
+    opts = BatchOptions(task="Say {x}.", inputs=[{"x": 1}], model="m", backend=SIM,
+                        batch_id=good)
+    assert compile_batch(opts).plan.batch_id == good
+
+
+@pytest.mark.parametrize("task", [
+    "{x.__class__.__mro__}", "{x.real}", "{x[0]}", "{x:>99999999}", "{x:{x}}",
+    "{x!a:>10000}", "{x:,>500}",
+])
+def test_a_task_template_has_plain_fields_only(task: str) -> None:
+    opts = BatchOptions(task=task, inputs=[{"x": 1}], model="m", backend=SIM)
+    with pytest.raises(BatchSpecError, match="task") as exc:
+        compile_batch(opts)
+    assert "{x}" in str(exc.value)
+
+
+@pytest.mark.parametrize("task,expected", [
+    ("Say {x}.", "Say 7."), ("Say {x!r}.", "Say '7'."), ("{{literal}} {x}", "{literal} 7"),
+    ("{x:>5}", "    7"), ("{x:.2}", "7"),
+])
+def test_plain_fields_conversions_and_small_formats_still_render(task: str, expected: str
+                                                                   ) -> None:
+    opts = BatchOptions(task=task, inputs=[{"x": "7"}], model="m", backend=SIM)
+    (state,) = compile_batch(opts).states
+    assert state.messages[0]["content"] == expected
