@@ -20,6 +20,7 @@ from ..errors import BatchExpired, BatchLost
 from ..results import AgentResult
 from ..state.connection import async_client, mask_url, sync_client
 from ..state.keys import BatchKeys
+from ..state.redis_store import CANCEL_GONE, cancel_batch
 from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
 from .agent_state import AgentStatus
 from .handle import BatchHandle
@@ -203,8 +204,10 @@ class DistributedHandle(BatchHandle):
     def cancel(self) -> None:
         """Workers stop each agent at its next step; each ends with error kind ``cancelled``.
         The commit that ends the last agent sets the batch's retention TTL, as for any
-        finished batch."""
-        self._client.hset(self.keys.meta, "cancelled", 1)
+        finished batch. A finished batch is left as it is; one whose keys are gone raises
+        ``BatchExpired`` (``BatchLost`` if it went without a tombstone), writing nothing."""
+        if cancel_batch(self._client, self.batch_id) == CANCEL_GONE:
+            raise self._lost("its state is no longer in Redis, so there is nothing to cancel")
 
     def delete(self, *, force: bool = False) -> int:
         """Remove the batch's keys from Redis now, instead of at the end of its retention;

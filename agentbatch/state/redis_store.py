@@ -223,7 +223,7 @@ class BatchStore:
                      result_json: str = "", deadline_ms: int = 0, audit: bool = False,
                      enqueue: Sequence[tuple[str, str]] = (),
                      retention_s: float = DEFAULT_RETENTION_S,
-                     slot_key: str = "", listed: int | None = None, total: int = 0,
+                     slot_key: str = "", listed: int | None = None,
                      consumed: Sequence[str] = ()) -> bool:
         """Write ``new`` only if the stored version is still ``old.version``; on success push
         the ``enqueue`` task messages (list key, payload) in the same atomic step.
@@ -236,9 +236,9 @@ class BatchStore:
         what readers get); the commit that finishes the batch sets its retention TTL
         (``retention_s`` only for a batch submitted without one). With a ``token``, the
         lease and the inference slot it holds in ``slot_key`` are released, won or lost.
-        ``total`` is the batch's agent count (a terminal commit finishes the batch when all
-        are delivered); ``consumed`` are keys the transition uses up (the round's fan-in
-        hash, its calls' locks), deleted when it wins."""
+        The terminal commit that delivers the last of the batch's ``total`` (read from its
+        meta in the script) finishes the batch; ``consumed`` are keys the transition uses
+        up (the round's fan-in hash, its calls' locks), deleted when it wins."""
         k = self.k
         terminal = new.status.terminal
         stored = terminal_state(new) if terminal else new
@@ -252,7 +252,7 @@ class BatchStore:
             args=[old.index, old.version, new.version, stored_state(stored), token,
                   old.status.value, new.status.value, "1" if terminal else "0", result_json,
                   deadline_ms, self.batch_id, "1" if audit else "0",
-                  retention_ms(retention_s), TOMBSTONE_S * 1000, total, len(consumed),
+                  retention_ms(retention_s), TOMBSTONE_S * 1000, len(consumed),
                   mode, len(tail), *message_entries(tail),
                   len(records), *records,
                   *(payload for _, payload in enqueue)],
@@ -357,6 +357,17 @@ class BatchStore:
     async def unwatch(self, index: int) -> None:
         await self.r.zrem(self.k.watch, self.k.member(index))
 
+
+
+CANCEL_GONE, CANCEL_MARKED, CANCEL_FINISHED = 0, 1, 2  # cancel.lua's answers
+
+
+def cancel_batch(client: Any, batch_id: str) -> int:
+    """Mark the batch cancelled in one script that writes only where its meta exists (a
+    plain HSET after expiry made a meta with no TTL, listed as "cancelling" for ever).
+    Returns ``CANCEL_MARKED``, ``CANCEL_FINISHED`` (nothing to stop) or ``CANCEL_GONE``.
+    Sync client: the submitting process cancels."""
+    return int(Scripts(client).cancel(keys=[BatchKeys(batch_id).meta]))
 
 
 async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:

@@ -16,7 +16,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "lock_renew",
          "tool_finish",
          "sem_throttle", "sem_success",
-         "note", "sem_renew", "rate_take")
+         "note", "sem_renew", "rate_take", "cancel")
 
 
 @cache
@@ -48,3 +48,4 @@ class Scripts:
     tool_finish: Any
     lock_renew: Any
     note: Any
+    cancel: Any

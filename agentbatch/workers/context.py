@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from .settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 _MAX_LOADED_BATCHES = 64
+_UNREADABLE_LOG_S = 60.0  # an unreadable plan is logged at most this often per batch
 
 
 @dataclass
@@ -65,12 +67,14 @@ class WorkerContext:
         self._backends: dict[tuple[str, ...], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}
         self._gates: dict[tuple[tuple[str, ...], int], BackpressureGate] = {}
+        self._unreadable_logged: dict[str, float] = {}  # batch id -> when last logged
 
     def store(self, batch_id: str) -> BatchStore:
         return BatchStore(self.redis, self.scripts, batch_id)
 
     async def batch(self, batch_id: str) -> LoadedBatch | None:
-        """The loaded batch, or None when Redis has no such batch (finished long ago or lost)."""
+        """The loaded batch, or None when Redis has no such batch (finished long ago or lost)
+        or this worker cannot read its plan (``_unreadable``)."""
         loaded = self._batches.get(batch_id)
         if loaded is not None:
             self._batches.move_to_end(batch_id)
@@ -79,13 +83,8 @@ class WorkerContext:
         try:
             plan = await store.load_plan()
         except ValidationError as exc:  # written by another version, or tampered with
-            log.error("batch %s has a plan this worker cannot read: %s", batch_id, exc)
-            plan = BatchPlan(batch_id=batch_id, total=0, model="", backends=[],
-                             system_message="")
-            loaded = self._broken(plan, store, f"the batch's plan cannot be read: {exc}",
-                                  "config")
-            self._remember(batch_id, loaded)
-            return loaded
+            await self._unreadable(batch_id, exc)
+            return None
         if plan is None:
             return None
         loaded = self._load(plan, store)
@@ -95,6 +94,20 @@ class WorkerContext:
             await learn_inflight_hint(loaded.runtime.backend)
         self._remember(batch_id, loaded)
         return loaded
+
+    async def _unreadable(self, batch_id: str, exc: ValidationError) -> None:
+        """A plan this worker cannot parse: nothing of the batch runs or commits here (a
+        placeholder plan once ended agents and, with its total of 0, finished the whole batch
+        under the workers that could run it). Not remembered: the next task reads it again,
+        so a repaired plan, or a worker of the right version, picks the agents up (the sweep
+        re-sends a dropped task once its deadline passes)."""
+        now = time.monotonic()
+        if now - self._unreadable_logged.get(batch_id, -_UNREADABLE_LOG_S) >= _UNREADABLE_LOG_S:
+            self._unreadable_logged[batch_id] = now
+            log.error("batch %s has a plan this worker cannot read (another version wrote it, "
+                      "or it was damaged); its tasks are left to a worker that can: %s",
+                      batch_id, exc)
+        await self.note(batch_id, "plan_unreadable")
 
     def _remember(self, batch_id: str, loaded: LoadedBatch) -> None:
         self._batches[batch_id] = loaded

@@ -85,8 +85,7 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
                                     audit=ctx.settings.audit,
                                     enqueue=envelopes(celery_app, followups),
                                     retention_s=ctx.settings.retention_s,
-                                    slot_key=slot_key, listed=listed,
-                                    total=loaded.plan.total, consumed=consumed)
+                                    slot_key=slot_key, listed=listed, consumed=consumed)
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     return []

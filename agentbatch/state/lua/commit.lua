@@ -9,7 +9,7 @@
 --       queue lists...
 -- ARGV: index, expected_version, new_version, state_json (no messages, no tool log), token,
 --       old_status, new_status, terminal ('1'|'0'), result_json, deadline_ms, batch_id,
---       audit ('1'|'0'), retention_ms (when meta has none), tombstone_ms, total,
+--       audit ('1'|'0'), retention_ms (when meta has none), tombstone_ms,
 --       n consumed keys, msg_mode ('' = none new, 'a' = append, 'r' = replace), n,
 --       n messages, m, m tool-call records, payloads...
 -- History is linear: the state hash holds the agent's scalars, the msgs list its
@@ -33,16 +33,16 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3] .. ':' .. ARGV[4])
 -- The lease of the version just replaced, whoever holds it: any holder of it now fails its
 -- own compare-and-set, and the next version's claim must not find it busy.
 if token ~= '' then redis.call('DEL', KEYS[2]) end
-local consumed = tonumber(ARGV[16])
+local consumed = tonumber(ARGV[15])
 if consumed > 0 then redis.call('DEL', unpack(KEYS, 15, 14 + consumed)) end
-local n = tonumber(ARGV[18])
-local m = tonumber(ARGV[19 + n])
+local n = tonumber(ARGV[17])
+local m = tonumber(ARGV[18 + n])
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[11], KEYS[14])
 else
-  if ARGV[17] == 'r' then redis.call('DEL', KEYS[11]) end
-  if n > 0 then redis.call('RPUSH', KEYS[11], unpack(ARGV, 19, 18 + n)) end
-  if m > 0 then redis.call('RPUSH', KEYS[14], unpack(ARGV, 20 + n, 19 + n + m)) end
+  if ARGV[16] == 'r' then redis.call('DEL', KEYS[11]) end
+  if n > 0 then redis.call('RPUSH', KEYS[11], unpack(ARGV, 18, 17 + n)) end
+  if m > 0 then redis.call('RPUSH', KEYS[14], unpack(ARGV, 19 + n, 18 + n + m)) end
 end
 if ARGV[6] ~= ARGV[7] then
   if ARGV[6] == 'awaiting_tools' then
@@ -59,7 +59,10 @@ if ARGV[8] == '1' then
   redis.call('ZREM', KEYS[3], member)
   redis.call('XADD', KEYS[5], '*', 'i', ARGV[1], 'r', ARGV[9])
   local delivered = redis.call('HINCRBY', KEYS[4], 'delivered', 1)
-  if delivered >= tonumber(ARGV[15]) then
+  -- the batch's own total, never the worker's idea of it (a worker that misread the plan
+  -- once finished a running batch); a meta without one (gone under us) finishes nothing
+  local total = tonumber(redis.call('HGET', KEYS[4], 'total'))
+  if total ~= nil and delivered >= total then
     redis.call('SREM', KEYS[6], ARGV[11])
     local t = redis.call('TIME')
     local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -77,6 +80,6 @@ else
 end
 local first_queue = 14 + consumed
 for j = first_queue + 1, #KEYS do
-  redis.call('LPUSH', KEYS[j], ARGV[19 + n + m + j - first_queue])
+  redis.call('LPUSH', KEYS[j], ARGV[18 + n + m + j - first_queue])
 end
 return 1
