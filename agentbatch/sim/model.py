@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model_io import Message
+from .json_turns import plan_json_turn, turn_forms
 from .schema_fill import fill_schema
 from .script import (
     Reply,
@@ -112,6 +113,10 @@ def plan_chat(body: dict[str, Any]) -> ChatPlan:
     texts = user_texts(messages)
     key = sha1_hex(texts[0] if texts else "")
     script = parse_script(texts)
+    forms = None if tools_allowed(body) else turn_forms(request_schema(body)[0])
+    if forms is not None:  # tool_calling="json": calls and results travel as text
+        text, pending = plan_json_turn(forms, script, key, messages)
+        return ChatPlan(key, script, Reply(text), pending)
     answered = answered_calls(messages)
     pending = pending_round(script, answered)
     if not pending and body.get("tool_choice") == "required" and tools_allowed(body):
