@@ -368,7 +368,7 @@ def refuse_cluster(client: redis.Redis) -> None:
     fail with CROSSSLOT on their first multi-key step instead of saying why."""
     try:
         info = client.info("cluster")
-    except redis.NoPermissionError:  # an ACL user without +info: Cluster would fail later
+    except redis.exceptions.NoPermissionError:  # a user without +info: Cluster fails later
         log.info("cannot check that Redis is not a cluster: this user may not run INFO")
         return
     if str(info.get("cluster_enabled", 0)) == "1":
@@ -382,7 +382,7 @@ def refuse_cluster_at(url: str) -> None:
     try:
         refuse_cluster(client)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        log.warning("cannot reach Redis at %s to check it is not a cluster (%s); "
-                    "starting anyway", mask_url(url), type(exc).__name__)
+        log.warning("cannot reach Redis at %s to check it is not a cluster (%s: %s); "
+                    "starting anyway", mask_url(url), type(exc).__name__, exc)
     finally:
         client.close()

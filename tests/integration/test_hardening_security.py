@@ -116,3 +116,57 @@ def test_a_variable_called_api_key_is_accepted(recording_server,
                      backend=f"openai://{recording_server.netloc}?api_key_env=LOCAL_LLM_API_KEY")
     assert r.ok, r.error
     assert recording_server.authorizations() == ["Bearer sk-local"]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["closed port", "TLS to a plain server"])
+def test_worker_start_without_a_reachable_redis_says_so(kind: str, redis_url: str) -> None:
+    """The worker logs why Redis cannot be reached and waits for it, with no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from tests.support.workers import REPO
+
+    if kind == "closed port":
+        url = f"redis://127.0.0.1:{_closed_port()}/0"
+    else:  # rediss:// to a server that speaks no TLS: the handshake fails
+        url = "rediss://" + redis_url.split("://", 1)[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AGENTBATCH_WORKER_IMPORTS": ONLY_TOOLS}
+    env.pop("AGENTBATCH_REDIS_URL", None)
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agentbatch.cli", "worker", "--redis-url",
+                                 url, "--concurrency", "1", "--pool", "threads"],
+                                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 90
+            text = ""
+            while time.monotonic() < deadline and proc.poll() is None:
+                out.seek(0)
+                text = out.read().decode(errors="replace")
+                if "cannot reach Redis" in text:
+                    break
+                time.sleep(0.2)
+            out.seek(0)
+            text = out.read().decode(errors="replace")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(30)
+    assert "NoPermissionError" not in text and "Traceback" not in text.split(
+        "cannot reach Redis")[0], text[-3000:]
+    assert "cannot reach Redis at redis" in text and "127.0.0.1" in text, text[-3000:]
