@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 import typer
 from rich.console import Console
@@ -19,7 +20,7 @@ console = Console()
 
 @app.command()
 def demo(agents: int | None = typer.Option(
-             None, help="How many agents (default 100; 20 with --engine llamacpp)."),
+             None, min=1, help="How many agents (default 100; 20 with --engine llamacpp)."),
          fixed_ms: float = typer.Option(60.0, help="Simulated forward-pass time (ms)."),
          engine: str = typer.Option(
              "sim", help="sim (a local simulator) or llamacpp (a real llama-server with "
@@ -115,7 +116,7 @@ def _fail(message: str) -> typer.Exit:
 @app.command()
 def worker(
     queues: str = typer.Option("inference,tools", help="inference, tools, or both."),
-    concurrency: int = typer.Option(16, help="Task slots (threads) in this process."),
+    concurrency: int = typer.Option(16, min=1, help="Task slots (threads) in this process."),
     redis_url: str = typer.Option(None, envvar="AGENTBATCH_REDIS_URL",
                                   help="Redis URL (broker + state). Shown by `ps`: with a "
                                        "password, prefer the variable or --redis-url-file."),
@@ -123,8 +124,8 @@ def worker(
                                         dir_okay=False,
                                         help="Read the Redis URL from this file (a mounted "
                                              "secret), instead of --redis-url."),
-    pool: str = typer.Option("threads", help="Celery pool: threads (IO-bound default), "
-                                             "prefork, solo."),
+    pool: Literal["threads", "prefork", "solo"] = typer.Option(
+        "threads", help="Celery pool: threads (IO-bound default), prefork, solo."),
     metrics_port: int = typer.Option(None, min=1, max=65535,
                                      help="Serve Prometheus metrics on this port."),
     metrics_host: str = typer.Option("127.0.0.1", envvar="AGENTBATCH_METRICS_HOST",

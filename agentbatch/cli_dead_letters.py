@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import typer
@@ -31,6 +33,21 @@ def _client(redis_url: str | None) -> redis.Redis:
     return sync_client(redis_url, decode_responses=False)
 
 
+@contextlib.contextmanager
+def _redis_errors() -> Iterator[None]:
+    """Redis down or refusing, or a URL it cannot use: one line naming the option, exit 2."""
+    import redis
+
+    from .errors import AgentBatchError
+
+    try:
+        yield
+    except (redis.RedisError, AgentBatchError) as exc:
+        typer.echo(f"error: --redis-url (AGENTBATCH_REDIS_URL): {type(exc).__name__}: {exc}",
+                   err=True)
+        raise typer.Exit(2) from None
+
+
 def _when(at: object) -> str:
     """A letter's time as UTC text, or ``?`` when it is not a usable timestamp."""
     if not isinstance(at, int | float) or isinstance(at, bool):
@@ -48,13 +65,14 @@ def ls(redis_url: str = _REDIS_URL,
     """List dead letters, newest first."""
     from .workers import dead_letters
 
-    client = _client(redis_url)
-    letters = dead_letters.list_letters(client, limit)
+    with _redis_errors():
+        client = _client(redis_url)
+        letters = dead_letters.list_letters(client, limit)
+        total = client.llen(dead_letters.DEAD_LETTERS)
     if as_json:
         for letter in letters:
             typer.echo(json.dumps(letter))
         return
-    total = client.llen(dead_letters.DEAD_LETTERS)
     table = Table(title=f"{total} dead letter(s) in {dead_letters.DEAD_LETTERS}")
     for column in ("id", "when (UTC)", "queue", "bytes", "reason", "raw (start)"):
         table.add_column(column, overflow="fold")
@@ -74,11 +92,13 @@ def drop(letter_id: str = typer.Argument(None, metavar="ID", help="The letter to
 
     if drop_all == bool(letter_id):
         raise typer.BadParameter("give exactly one of ID or --all")
-    client = _client(redis_url)
-    if drop_all:
-        typer.echo(f"dropped {dead_letters.drop_all(client)} dead letter(s)")
-        return
-    if not dead_letters.drop(client, letter_id):
+    with _redis_errors():
+        client = _client(redis_url)
+        if drop_all:
+            typer.echo(f"dropped {dead_letters.drop_all(client)} dead letter(s)")
+            return
+        dropped = dead_letters.drop(client, letter_id)
+    if not dropped:
         typer.echo(f"no dead letter with id {letter_id!r}", err=True)
         raise typer.Exit(1)
     typer.echo(f"dropped {letter_id}")

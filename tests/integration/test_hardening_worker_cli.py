@@ -8,6 +8,9 @@
   ``total=notanint`` crashed `ls` with a traceback.
 - item 14: a worker given its URL in ``AGENTBATCH_REDIS_URL`` (as compose and k8s do) kept it,
   password and all, in ``os.environ``, where every tool and subprocess reads it.
+- item 18: bad CLI input gave a traceback (``worker --concurrency -1``, ``--pool bogus``,
+  ``dead-letters ls`` with Redis down) or was taken silently (``--concurrency 0``,
+  ``demo --agents -5``); each is now exit status 2 and one line naming the option.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from agentbatch.state.keys import DEAD_LETTERS
 from agentbatch.workers.app import TURN_TASK, client_app
 from agentbatch.workers.envelope import envelope
 from tests.integration.test_worker_redis_url import PASSWORD, UrlWorker, _tool_saw_password
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.tools import Answer
 from tests.support.workers import REPO
 
@@ -174,3 +177,21 @@ def test_a_worker_scrubs_the_redis_url_from_its_environment(password_url, sim_ur
     assert PASSWORD in url
     worker = UrlWorker(["--pool", pool], url_in_env=url).start()
     assert not _tool_saw_password(url, worker, sim_url)
+
+
+NOWHERE = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["worker", "--concurrency", "-1", "--redis-url", NOWHERE], "--concurrency"),
+    (["worker", "--concurrency", "0", "--redis-url", NOWHERE], "--concurrency"),
+    (["worker", "--pool", "bogus", "--redis-url", NOWHERE], "--pool"),
+    (["dead-letters", "ls", "--redis-url", NOWHERE], "--redis-url"),
+    (["dead-letters", "drop", "--all", "--redis-url", NOWHERE], "--redis-url"),
+    (["demo", "--agents", "-5"], "--agents"),
+    (["demo", "--agents", "0"], "--agents"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_cli_input_is_one_clear_error(args, option):
+    out = _agentbatch(*args, env={"AGENTBATCH_WORKER_IMPORTS": "tests.support"})
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert "Traceback" not in out.stderr and option in out.stderr, out.stderr
