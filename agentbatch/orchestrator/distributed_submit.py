@@ -6,21 +6,26 @@ included, for tens of ms at 20k agents: ``benchmarks/bench_scale.py``), and so t
 cut short never leaves a half batch that workers run or the sweep watches:
 
 1. **Stage** the agents (``state`` and ``watch`` entries) in chunks of at most
-   ``CHUNK_ENTRIES`` agents / ``CHUNK_BYTES`` bytes per command, pipelined without MULTI.
-   Staged keys are invisible: no ``plan``, not in ``ab:batches``, no task queued, so no
-   worker or sweep touches them. Each chunk renews a ``STAGING_TTL_MS`` expiry on them, so a
-   submitter that dies mid-way leaves nothing behind for long.
-2. **Commit** in one small MULTI/EXEC (O(1) commands): write ``plan`` and ``meta``, PERSIST
-   the staged keys, add the batch to ``ab:batches``. It runs under WATCH of the staged keys
-   after checking they hold every agent, so a staging that expired or was touched is refused
-   instead of committed half. From here on the batch exists and runs whole.
+   ``CHUNK_ENTRIES`` agents / ``CHUNK_BYTES`` bytes per command, pipelined without MULTI,
+   with ``plan`` and ``meta``. Every key is staged under a name of this submit's own
+   (``BatchKeys.staged``), so no worker or sweep sees it. Each chunk renews a
+   ``STAGING_TTL_MS`` expiry on them, so a submitter that dies mid-way leaves nothing behind
+   for long. The staged deadlines lie beyond that expiry, so the sweep never finds one due
+   while its batch is still being staged.
+2. **Commit** in one O(1) script (``submit.lua``): refused when any key of the batch exists
+   or the staged state does not hold every agent (it expired or was touched); else PERSIST
+   and RENAMENX the staged keys into place and add the batch to ``ab:batches``. From here on
+   the batch exists and runs whole. RENAMENX is the only way the submitter's Redis user may
+   write a batch's keys (``deploy/redis-users.acl``): it creates batches and can never
+   rewrite another's. The deadlines are then brought forward to one queue grace.
 3. **Enqueue** one turn task per agent, in chunked LPUSHes. If this is cut short, the batch
    is already complete in Redis and the recovery sweep sends the missing turns once their
    progress deadline passes; the submitter logs it.
 
 A failure in step 1 or 2 unlinks the staged keys (UNLINK frees in the background, and is
 allowed under Redis OOM) and raises an error naming the batch; if even that fails, the
-staging TTL removes them.
+staging TTL removes them. Its staged deadlines stay until due, when the sweep drops them
+(the batch has no keys): the submitter's user may add deadlines, never remove one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import asyncio
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -55,6 +61,7 @@ from ..state.redis_store import (
     unset_fields,
 )
 from ..state.retention import missing_error
+from ..state.scripts import source
 from ..toolpool import resolve_tool
 from ..workers.app import client_app
 from ..workers.dispatch import Followup, broker_client, envelopes, turn_message
@@ -136,63 +143,88 @@ def chunks(items: Iterable[T], size: Callable[[T], int], *, max_entries: int | N
         yield chunk
 
 
-def staged_keys(k: BatchKeys) -> list[str]:
-    """The batch's own per-agent keys step 1 writes (all O(agents)); everything else is O(1).
+STAGED = ("state", "plan", "meta", "gone")  # the batch keys a submit stages, in submit.lua's order
+
+
+def staged_keys(k: BatchKeys, token: str) -> list[str]:
+    """Where submit ``token`` stages the batch's keys (``STAGED``), before ``submit.lua``.
 
     The agents' progress deadlines go to the fleet-wide ``watch`` zset during staging too (so
     no committed agent is ever without one), but that zset is not the batch's: it is never
-    expired or unlinked with it. The sweep leaves a due entry alone while its batch is still
-    staging (``state`` without ``plan``) and drops the entries of a batch that has neither; a
-    failed submit removes its own entries (``_unstage``)."""
-    return [k.state]
+    expired or unlinked with it. The sweep drops the due entries of a batch that has no keys
+    (a failed or abandoned submit), which is why staged deadlines lie beyond the staging
+    TTL."""
+    return [k.staged(token, name) for name in STAGED]
 
 
-def _stage(client: redis.Redis, k: BatchKeys, states: Sequence[Any], deadline: int) -> int:
+def _stage(client: redis.Redis, k: BatchKeys, token: str, states: Sequence[Any]) -> int:
     """Step 1: write every agent's versioned state and progress deadline in chunks; returns
     how many agents were staged."""
     rows = ((s.index, state_entry(s.version, s.model_dump_json(exclude=unset_fields(s))))
             for s in states)
-    keys = staged_keys(k)
+    state = k.staged(token, "state")
     done = 0
-    score = deadline_score(deadline, started=False)
     for chunk in chunks(rows, lambda row: len(row[1]) + 16):
+        score = deadline_score(now_ms() + 2 * STAGING_TTL_MS, started=False)
         with client.pipeline(transaction=False) as p:
-            p.hset(k.state, mapping=dict(chunk))
+            p.hset(state, mapping=dict(chunk))
             p.zadd(k.watch, {k.member(i): score for i, _ in chunk})
-            for key in keys:
-                p.pexpire(key, STAGING_TTL_MS)
+            p.pexpire(state, STAGING_TTL_MS)
             p.execute()
         done += len(chunk)
     return done
 
 
-def _commit(client: redis.Redis, k: BatchKeys, plan: BatchPlan, retention_s: float) -> None:
-    """Step 2: make the staged batch live in one O(1) transaction, only if it is whole."""
-    keys = staged_keys(k)
-    with client.pipeline(transaction=True) as p:
-        p.watch(*keys)
-        have = p.hlen(k.state)
-        if have != plan.total:
-            raise SubmitFailed(
-                f"batch {plan.batch_id}: the staged agents are incomplete at commit "
-                f"(the state hash holds {have}, expected {plan.total}; did they expire "
-                f"after {STAGING_TTL_MS // 1000} s or get deleted?)")
-        p.multi()
-        p.set(k.plan, plan.model_dump_json())
-        p.hset(k.meta, mapping=initial_meta(plan, retention_s))
-        for key in keys:
-            p.persist(key)
-        p.sadd(ACTIVE_BATCHES, plan.batch_id)
-        p.execute()
-
-
-def _unstage(client: redis.Redis, k: BatchKeys, total: int) -> bool:
-    """Remove a failed submit's staged keys and deadlines; False when Redis cannot be reached
-    (the staging TTL removes the keys then, and the sweep the deadlines once due)."""
+def _go_live(client: redis.Redis, k: BatchKeys, token: str, total: int, *,
+             running: bool) -> None:
+    """Rename the staged keys into place (``submit.lua``): ``BatchSpecError`` when the batch
+    id is taken, ``SubmitFailed`` when the staged state is not whole."""
+    script = client.register_script(source("submit"))
+    keys = [*staged_keys(k, token), k.state, k.plan, k.meta, k.gone, ACTIVE_BATCHES]
     try:
-        client.unlink(*staged_keys(k))
+        script(keys=keys, args=[total, 1 if running else 0, k.batch_id])
+    except redis.ResponseError as exc:
+        why = str(exc)
+        if why.startswith("EXISTS"):
+            raise BatchSpecError(f"a batch with id {k.batch_id!r} already exists") from None
+        if why.startswith("INCOMPLETE"):
+            raise SubmitFailed(
+                f"batch {k.batch_id}: the staged agents are incomplete at commit (the state "
+                f"hash holds {why.split()[-1]}, expected {total}; did they expire after "
+                f"{STAGING_TTL_MS // 1000} s or get deleted?)") from None
+        raise
+
+
+def _commit(client: redis.Redis, k: BatchKeys, token: str, plan: BatchPlan,
+            retention_s: float) -> None:
+    """Step 2: stage ``plan`` and ``meta`` (O(1)) and make the batch live, only if whole."""
+    with client.pipeline(transaction=False) as p:
+        p.set(k.staged(token, "plan"), plan.model_dump_json(), px=STAGING_TTL_MS)
+        p.hset(k.staged(token, "meta"), mapping=initial_meta(plan, retention_s))
+        p.pexpire(k.staged(token, "meta"), STAGING_TTL_MS)
+        p.execute()
+    _go_live(client, k, token, plan.total, running=True)
+
+
+def _arm_deadlines(client: redis.Redis, k: BatchKeys, total: int, grace_ms: int) -> None:
+    """After the commit, before anything is enqueued: bring the agents' deadlines forward
+    from beyond the staging TTL to one queue grace, so a lost first message is re-sent soon.
+    If this is cut short, the staged deadlines still hold (a slower recovery, nothing lost)."""
+    try:
         for chunk in chunks(range(total), lambda _: 1):
-            client.zrem(k.watch, *(k.member(i) for i in chunk))
+            score = deadline_score(now_ms() + grace_ms, started=False)
+            client.zadd(k.watch, {k.member(i): score for i in chunk}, xx=True)
+    except redis.RedisError:
+        log.warning("batch %s: could not bring its agents' deadlines forward; a lost first "
+                    "message is re-sent within %d s", k.batch_id, 2 * STAGING_TTL_MS // 1000,
+                    exc_info=True)
+
+
+def _unstage(client: redis.Redis, k: BatchKeys, token: str) -> bool:
+    """Remove a failed submit's staged keys; False when Redis cannot be reached (the staging
+    TTL removes them then). Its deadlines stay until due, when the sweep drops them."""
+    try:
+        client.unlink(*staged_keys(k, token))
         return True
     except redis.RedisError:
         log.warning("could not remove the staged keys of batch %s; they expire in %d s",
@@ -208,26 +240,33 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
     ``retention_s`` travels with the batch (in ``meta``): the commit that finishes it sets
     that TTL on its keys."""
     k = BatchKeys(plan.batch_id)
-    if client.exists(k.plan, *staged_keys(k)):
+    if client.exists(k.plan, k.meta, k.state):
         raise BatchSpecError(f"a batch with id {plan.batch_id!r} already exists")
     sync_clock_blocking(client)  # deadlines in Redis's clock, like the workers'
+    token = uuid.uuid4().hex
     states = compiled.states
     if not states:  # finished as written: no commit will ever set its retention
         keep = retention_ms(retention_s)
-        with client.pipeline(transaction=True) as p:
-            p.set(k.plan, plan.model_dump_json(), px=keep)
-            p.hset(k.meta, mapping=initial_meta(plan, retention_s))
-            p.pexpire(k.meta, keep)
-            p.set(k.gone, json.dumps({"reason": "expired", "finished_at_ms": now_ms(),
-                                      "retention_ms": keep}), px=keep + TOMBSTONE_S * 1000)
+        with client.pipeline(transaction=False) as p:
+            p.set(k.staged(token, "plan"), plan.model_dump_json(), px=keep)
+            p.hset(k.staged(token, "meta"), mapping=initial_meta(plan, retention_s))
+            p.pexpire(k.staged(token, "meta"), keep)
+            p.set(k.staged(token, "gone"), json.dumps(
+                {"reason": "expired", "finished_at_ms": now_ms(), "retention_ms": keep}),
+                px=keep + TOMBSTONE_S * 1000)
             p.execute()
+        try:
+            _go_live(client, k, token, 0, running=False)
+        except BaseException:
+            _unstage(client, k, token)
+            raise
         return
     staged = 0
     try:
-        staged = _stage(client, k, states, now_ms() + grace_ms)
-        _commit(client, k, plan, retention_s)
+        staged = _stage(client, k, token, states)
+        _commit(client, k, token, plan, retention_s)
     except BaseException as exc:
-        removed = _unstage(client, k, len(states))
+        removed = _unstage(client, k, token)
         if not isinstance(exc, redis.RedisError | SubmitFailed):
             raise  # KeyboardInterrupt & co.: the batch was not committed and is cleaned up
         where = (f"after staging {staged} of {len(states)} agents" if staged == len(states)
@@ -239,6 +278,7 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
         if isinstance(exc, redis.exceptions.OutOfMemoryError):
             raise RedisOutOfMemory(msg) from exc
         raise SubmitFailed(msg) from exc
+    _arm_deadlines(client, k, len(states), grace_ms)
 
 
 def enqueue(app: Any, followups: list[Followup]) -> None:

@@ -16,6 +16,9 @@ WATCH = f"{PREFIX}:watch"
 TOOL_DONE_CHANNEL = f"{PREFIX}:tool:done"  # pub/sub: "<key hash>:<token>" when a leader finishes
 DEAD_LETTERS = f"{PREFIX}:deadletter"  # list: queue messages no worker could decode
 TOMBSTONE_S = 30 * 24 * 3600  # how long a batch's ``gone`` key outlives its retention
+# A submitter writes a batch's keys here first; submit.lua renames them into place, never over
+# an existing key (deploy/redis-users.acl lets submitters write batch keys no other way).
+STAGING = f"{PREFIX}:stage"
 
 
 class BatchKeys:
@@ -57,6 +60,11 @@ class BatchKeys:
         """SCAN pattern matching every key of this batch, the tombstone included."""
         escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self._base)
         return f"{escaped}:*"
+
+    def staged(self, token: str, name: str) -> str:
+        """Where one submit (``token``) stages the batch key ``name`` (plan, meta, state,
+        gone) before ``submit.lua`` renames it into place."""
+        return f"{STAGING}:{{{self.batch_id}}}:{token}:{name}"
 
     def lease(self, index: int) -> str:
         return f"{self._base}:lease:{index}"

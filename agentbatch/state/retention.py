@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from ..errors import BatchExpired, BatchSpecError, RedisOutOfMemory
+from ..errors import BatchExpired, BatchSpecError, ConfigError, RedisOutOfMemory
 from .keys import ACTIVE_BATCHES, PREFIX, TOMBSTONE_S, WATCH, BatchKeys
 
 OOM_PROBE = f"{PREFIX}:oom:probe"  # a tiny write that Redis refuses exactly when workers' are
@@ -70,7 +70,21 @@ def delete_batch(client: redis.Redis, batch_id: str, *, force: bool = False) -> 
     keys went. A batch still running needs ``force``, which cancels it first: workers stop
     at their next step, and every script they run checks the version in the state hash,
     deleted first, so nothing writes the batch back. Works while Redis is out of memory
-    (UNLINK is allowed then), which is when deleting matters most."""
+    (UNLINK is allowed then), which is when deleting matters most.
+
+    Deleting is the operators' job: the least-privilege submitter user of
+    ``deploy/redis-users.acl`` may create batches but not remove any, and gets a
+    ``ConfigError`` saying so."""
+    try:
+        return _delete_batch(client, batch_id, force=force)
+    except redis.exceptions.NoPermissionError as exc:
+        raise ConfigError(
+            f"deleting batch {batch_id} needs the operators' Redis user (the default user of "
+            f"deploy/redis-users.acl); this connection's user may not: {exc}. The batch's "
+            "keys expire by themselves after its retention") from None
+
+
+def _delete_batch(client: redis.Redis, batch_id: str, *, force: bool) -> int:
     k = BatchKeys(batch_id)
     meta = client.hgetall(k.meta)
     if not meta and not client.exists(k.plan, k.state):

@@ -48,4 +48,5 @@ class Scripts:
     tool_finish: Any
     lock_renew: Any
     note: Any
+    submit: Any
     cancel: Any

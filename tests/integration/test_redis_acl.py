@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,9 +26,13 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from kombu.exceptions import OperationalError
 
 from agentbatch import submit_batch
+from agentbatch.errors import BatchSpecError, ConfigError
 from agentbatch.state.keys import BatchKeys
+from agentbatch.state.retention import delete_batch
+from agentbatch.workers.app import client_app
 from agentbatch.workers.envelope import queue_key
 from tests.support.pure_tools import shout, stamp
 from tests.support.redis_server import free_port
@@ -121,8 +126,14 @@ def test_a_batch_runs_end_to_end_with_the_least_privilege_users(acl_server, admi
     assert len(ended) == AGENTS
     assert all(r.ok or r.error.kind == "cancelled" for r in ended), \
         [r.error for r in ended if not r.ok][:3]
-    assert second.delete() > 0
-    assert handle.delete() > 0
+    # nothing on the way was refused: the rules cover every command agentbatch sends
+    assert _denials(admin) == []
+    with pytest.raises(ConfigError, match="operators' Redis user"):
+        handle.delete()  # deleting is the operators' (issue 21, item 9)
+    assert {e["object"] for e in _denials(admin)} == {"srem"}
+    admin.acl_log_reset()
+    assert delete_batch(admin, second.batch_id) > 0
+    assert delete_batch(admin, handle.batch_id) > 0
     # only the tombstone that tells a later reader why it is gone stays
     assert admin.keys(f"ab:{{{handle.batch_id}}}:*") == [BatchKeys(handle.batch_id).gone]
 
@@ -210,8 +221,6 @@ def test_no_role_but_the_operators_has_admin_commands(acl_server, role):
 def test_what_the_submitter_is_refused(acl_server, admin):
     admin.set("other:secret", "s3")
     client = _client(acl_server, "submitter")
-    batch = BatchKeys("acl-probe")
-    assert client.set(batch.plan, "{}") and client.delete(batch.plan) == 1  # its own keys
     probe = "inference.acl-probe"  # a list no worker consumes, under the queues' pattern
     assert client.lpush(probe, "msg") == 1  # it may enqueue...
     _refused(client, "LRANGE", probe, 0, -1)  # ...but never read or take tasks
@@ -270,3 +279,103 @@ def test_a_wrong_password_or_the_default_user_without_one_is_refused(acl_server)
         redis.from_url(acl_server.url("worker", password="wrong")).ping()
     with pytest.raises(redis.exceptions.RedisError):  # no anonymous access
         redis.from_url(f"redis://127.0.0.1:{acl_server.port}/0").get("ab:batches")
+
+
+def _a_running_batch(admin: redis.Redis, batch_id: str) -> dict[str, Any]:
+    """Another tenant's batch, written by the operator: what each key holds now."""
+    k = BatchKeys(batch_id)
+    admin.delete(*k.retained(), k.gone)
+    admin.set(k.plan, '{"backends": ["http://their-server"]}')
+    admin.hset(k.meta, mapping={"total": 1, "delivered": 0, "cancelled": 0, "finished": 0})
+    admin.hset(k.state, "0", "1:{}")
+    return {"plan": admin.get(k.plan), "state": admin.hgetall(k.state),
+            "ttl": [admin.pttl(key) for key in (k.plan, k.meta, k.state)]}
+
+
+def test_the_submitter_cannot_break_the_queues_or_rewrite_another_batch(acl_server, admin):
+    """Issue 21, item 9: push only on the queues; batch keys are created, never rewritten.
+
+    Before: ``SET inference x`` answered OK (every worker then crash-loops on WRONGTYPE),
+    DEL/EXPIRE of the queues too, and ``SET ab:{other}:plan`` rewrote another tenant's
+    backend URL."""
+    client = _client(acl_server, "submitter")
+    probe = "tools.acl-probe"  # a list no worker consumes, under the queues' pattern
+    admin.delete("inference", probe)
+    admin.lpush(probe, "queued message")
+    for command in (("SET", "inference", "x"), ("SET", probe, "x"), ("DEL", probe),
+                    ("UNLINK", probe), ("EXPIRE", probe, 1), ("EXPIRE", "tools", 1),
+                    ("PEXPIRE", queue_key("inference", 3), 1), ("RENAME", probe, "inference"),
+                    ("LTRIM", probe, 1, 0), ("LSET", probe, 0, "forged"), ("RPOP", probe)):
+        _refused(client, *command)
+    assert admin.lrange(probe, 0, -1) == ["queued message"] and admin.type("inference") == "none"
+    assert client.lpush(probe, "m") == 2  # pushing is all it may do
+    admin.delete(probe)
+
+    other = BatchKeys("acl-other")
+    before = _a_running_batch(admin, other.batch_id)
+    for command in (("SET", other.plan, '{"backends": ["http://attacker"]}'),
+                    ("HSET", other.state, "0", "2:{}"), ("DEL", other.plan),
+                    ("UNLINK", other.state), ("PEXPIRE", other.plan, 1),
+                    ("PERSIST", other.plan), ("RENAME", other.plan, "ab:stage:x"),
+                    ("XADD", other.results, "*", "index", "0")):
+        _refused(client, *command)
+    with pytest.raises(redis.ResponseError, match="can't access"):  # a script runs as its caller
+        client.eval("return redis.call('SET', KEYS[1], 'x')", 1, other.plan)
+    # the one write that reaches a batch's keys creates them and never replaces one
+    client.set("ab:stage:acl-probe:plan", '{"backends": ["http://attacker"]}')
+    assert client.renamenx("ab:stage:acl-probe:plan", other.plan) is False
+    client.unlink("ab:stage:acl-probe:plan")
+    after = {"plan": admin.get(other.plan), "state": admin.hgetall(other.state),
+             "ttl": [admin.pttl(key) for key in (other.plan, other.meta, other.state)]}
+    assert after == before
+    admin.delete(*other.retained())
+
+
+def test_a_submit_never_overwrites_an_existing_batch(acl_server, admin, sim_url):
+    """Submitting under another batch's id is refused and leaves that batch as it was, even
+    when it is running (its plan there) or half-written (only its state)."""
+    url = acl_server.url("submitter")
+    for present in ("plan", "state", "meta"):
+        other = BatchKeys(f"acl-taken-{present}")
+        admin.delete(*other.retained())
+        admin.set(getattr(other, present), "theirs") if present == "plan" else \
+            admin.hset(getattr(other, present), "0", "theirs")
+        with pytest.raises(BatchSpecError, match="already exists"):
+            submit_batch("Agent {i}.", [{"i": 0}], model="m", backend=sim_url, redis_url=url,
+                         batch_id=other.batch_id)
+        assert [key for key in admin.scan_iter(f"ab:{{{other.batch_id}}}:*")] == \
+            [getattr(other, present)]
+        assert admin.keys("ab:stage:*") == []
+        admin.delete(getattr(other, present))
+
+
+def test_the_worker_user_cannot_shut_down_the_fleet(acl_server, admin):
+    """Issue 21, item 14: stolen worker credentials must not reach Celery's remote control
+    (a broadcast ``shutdown`` stops every worker). Workers still answer it, and the flower
+    user (the operator's console) still inspects them.
+
+    Before: the broadcast went out and the worker it named shut down."""
+    worker = WorkerProcess(acl_server.url("worker"), name="aclctl", concurrency=1)
+    try:
+        worker.start()
+        name = _worker_name(worker)
+        with pytest.raises(OperationalError, match="no permissions"):  # kombu's NOPERM
+            client_app(acl_server.url("worker")).control.broadcast(
+                "shutdown", destination=[name])
+        _refused(_client(acl_server, "worker"), "PUBLISH", "/0.celery.pidbox", "{}")
+        replies: list[Any] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not replies:  # pidbox consumer may lag start
+            replies = client_app(acl_server.url("flower")).control.inspect(
+                destination=[name], timeout=5).ping() or []
+        assert replies == {name: {"ok": "pong"}}, worker.log()[-2000:]
+        assert worker.alive
+    finally:
+        worker.stop(timeout=15)
+        worker.log_path.unlink(missing_ok=True)
+
+
+
+def _worker_name(worker: WorkerProcess) -> str:
+    """The node name ``WorkerProcess`` gives the worker (``--hostname NAME-pid@%h``)."""
+    return f"{worker.name}-{os.getpid()}@{socket.gethostname()}"
