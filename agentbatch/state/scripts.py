@@ -16,7 +16,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "lock_renew",
          "tool_finish",
          "sem_throttle", "sem_success",
-         "note", "sem_renew", "rate_take", "cancel")
+         "note", "sem_renew", "rate_take", "cancel", "submit")
 
 
 @cache
