@@ -65,6 +65,7 @@ _NUMBERS = {
     "max_tokens": _Range(integer=True, low=1, optional=True),
     "max_server_waiting": _Range(integer=True, low=0, optional=True),
     "max_tool_calls_per_turn": _Range(integer=True, low=1),
+    "max_tool_output_chars": _Range(integer=True, low=1),
     "timeout_per_turn": _Range(integer=False, low=0, above=True, optional=True),
     "timeout_per_tool": _Range(integer=False, low=0, above=True, optional=True),
     "temperature": _Range(integer=False, low=0, optional=True),
@@ -207,17 +208,28 @@ def check_options(opts: BatchOptions) -> None:
 # --- inputs -------------------------------------------------------------------------------
 
 
+# Deeper values cannot be stored: the state's JSON encoder (pydantic's limit) and Redis's
+# Lua cjson both stop near a few hundred levels, with a raw error at submit or in a worker.
+MAX_INPUT_DEPTH = 100
+
+
 def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(path, value) for every key string and non-container value, without recursion."""
-    stack = [(path, value)]
+    """(path, value) for every key string and non-container value, without recursion;
+    a value nested deeper than ``MAX_INPUT_DEPTH`` is a ``BatchSpecError`` naming it."""
+    stack = [(path, value, 1)]
     while stack:
-        where, item = stack.pop()
+        where, item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple) and depth > MAX_INPUT_DEPTH:
+            raise BatchSpecError(
+                f"key {path[:80]} is nested more than {MAX_INPUT_DEPTH} levels deep (at "
+                f"{where[:80]}...), which cannot be stored as JSON; flatten it or pass it "
+                "as a string")
         if isinstance(item, Mapping):
             for key, sub in item.items():
                 yield f"a key of {where}", key
-                stack.append((f"{where}[{key!r}]", sub))
+                stack.append((f"{where}[{key!r}]", sub, depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend((f"{where}[{i}]", sub) for i, sub in enumerate(item))
+            stack.extend((f"{where}[{i}]", sub, depth + 1) for i, sub in enumerate(item))
         else:
             yield where, item
 

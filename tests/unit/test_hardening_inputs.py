@@ -145,3 +145,39 @@ def test_plain_fields_conversions_and_small_formats_still_render(task: str, expe
     opts = BatchOptions(task=task, inputs=[{"x": "7"}], model="m", backend=SIM)
     (state,) = compile_batch(opts).states
     assert state.messages[0]["content"] == expected
+
+
+def _deep(levels: int, leaf: object = 1) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = [value] if len(str(_)) % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("engine", ["embedded", "distributed"])
+def test_a_deeply_nested_input_is_refused_naming_it(engine: str, request) -> None:
+    from agentbatch import run_batch, submit_batch
+
+    inputs = [{"x": 0}, {"x": 1, "tree": _deep(100_000)}]
+    kw: dict = {"model": "sim-model", "backend": request.getfixturevalue("sim_url")}
+    if engine == "distributed":
+        url = request.getfixturevalue("redis_url")
+        with pytest.raises(BatchSpecError) as exc:
+            submit_batch("Say {x}.", inputs, redis_url=url, **kw)
+        assert redis.from_url(url).dbsize() == 0
+    else:
+        with pytest.raises(BatchSpecError) as exc:
+            run_batch("Say {x}.", inputs, **kw)
+    message = str(exc.value)
+    assert message.startswith("input 1: ") and "'tree'" in message and "deep" in message, \
+        message[:500]
+    assert len(message) < 600
+
+
+def test_nesting_up_to_the_limit_is_kept() -> None:
+    from agentbatch.orchestrator.validate import MAX_INPUT_DEPTH
+
+    opts = BatchOptions(task="Say {x}.", inputs=[{"x": 1, "tree": _deep(MAX_INPUT_DEPTH - 1)}],
+                        model="m", backend=SIM)
+    assert len(compile_batch(opts).states) == 1
