@@ -68,6 +68,7 @@ from ..workers.dispatch import Followup, broker_client, envelopes, turn_message
 from ..workers.settings import WorkerSettings
 from .compile import CompiledBatch
 from .distributed_handle import DistributedHandle
+from .import_allowlist import check_not_main
 from .options import BatchOptions
 from .plan import BatchPlan
 from .runtime import import_object
@@ -94,6 +95,7 @@ def check_portable(compiled: CompiledBatch) -> None:
                 f"tool {tool.name!r} cannot run on remote workers: it has no import path "
                 "(define it with @tool at module level; lambdas, local functions and tools "
                 "built at run time cannot be imported by a worker)")
+        check_not_main(tool.import_path, "tool")
         try:
             resolve_tool(tool.import_path)
         except BatchSpecError as exc:
@@ -106,6 +108,7 @@ def check_portable(compiled: CompiledBatch) -> None:
             raise BatchSpecError(
                 f"output_schema {schema.__qualname__} cannot be loaded by remote workers: "
                 "it is defined inside a function; define it at module level")
+        check_not_main(path, "output_schema")
         try:
             import_object(path)
         except Exception as exc:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from ..errors import BatchSpecError, ConfigError
 
 __all__ = [
-    "WORKER_IMPORTS_ENV", "WORKER_IMPORTS_EXAMPLE", "check_import_path", "module_allowed",
-    "owns_path",
+    "WORKER_IMPORTS_ENV", "WORKER_IMPORTS_EXAMPLE", "check_import_path", "check_not_main",
+    "module_allowed", "owns_path",
     "parse_import_prefixes", "require_worker_imports",
 ]  # fmt: skip
 
@@ -89,3 +89,19 @@ def owns_path(obj: object, path: str) -> bool:
     if own is None and isinstance(obj, type):
         own = f"{obj.__module__}:{obj.__qualname__}"
     return own == path
+
+
+_SCRIPT_MODULES = ("__main__", "__mp_main__")  # the script or notebook the submitter runs
+
+
+def check_not_main(path: str, what: str) -> None:
+    """Refuse ``path`` when it lives in the submitting script: it imports here (``__main__``
+    is this process's script) but a worker's ``__main__`` is the worker, so every agent
+    would fail with ``tool_import``/``schema_import`` instead of the submit."""
+    module = path.partition(":")[0]
+    if module in _SCRIPT_MODULES:
+        name = path.partition(":")[2]
+        raise BatchSpecError(
+            f"{what} {name!r} is defined in the script you ran ({module}), which workers "
+            f"cannot import: move it into a module on the workers' import path (e.g. "
+            f"mypkg/tools.py, listed in {WORKER_IMPORTS_ENV}) and import it from there")

@@ -170,3 +170,55 @@ def test_worker_start_without_a_reachable_redis_says_so(kind: str, redis_url: st
     assert "NoPermissionError" not in text and "Traceback" not in text.split(
         "cannot reach Redis")[0], text[-3000:]
     assert "cannot reach Redis at redis" in text and "127.0.0.1" in text, text[-3000:]
+
+
+MAIN_SCRIPT = '''
+import sys
+from pydantic import BaseModel
+from agentbatch import BatchSpecError, submit_batch, tool
+from tests.support.tools import Answer, lookup
+
+class Local(BaseModel):
+    answer: str
+
+@tool
+def local_echo(text: str) -> str:
+    """Echo.
+
+    Args:
+        text: what to echo.
+    """
+    return text
+
+url, backend, which = sys.argv[1:4]
+kw = {"tools": [local_echo]} if which == "tool" else {"output_schema": Local}
+try:
+    submit_batch("Say {x}.", [{"x": 1}], model="sim-model", backend=backend, redis_url=url,
+                 warm_prefix=False, **kw)
+except BatchSpecError as exc:
+    print("REFUSED:", exc)
+    sys.exit(3)
+print("SUBMITTED")
+'''
+
+
+@pytest.mark.parametrize("which", ["tool", "schema"])
+def test_a_tool_or_schema_defined_in_the_submitting_script_is_refused_at_submit(
+        which: str, redis_url: str, sim_url: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.workers import REPO
+
+    script = tmp_path / "my_batch.py"
+    script.write_text(MAIN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(script), redis_url, sim_url, which], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    name = "local_echo" if which == "tool" else "Local"
+    assert "REFUSED:" in out.stdout and name in out.stdout and "__main__" in out.stdout, \
+        out.stdout
+    assert "move it into a module" in out.stdout, out.stdout
+    assert redis.from_url(redis_url).dbsize() == 0  # nothing written or enqueued
