@@ -21,7 +21,11 @@ from .errors import BatchSpecError, UnknownParameter
 from .orchestrator.compile import compile_batch
 from .orchestrator.embedded_handle import EmbeddedHandle
 from .orchestrator.handle import BatchHandle
-from .orchestrator.options import DEFAULT_MAX_TOOL_CALLS_PER_TURN, BatchOptions
+from .orchestrator.options import (
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+    DEFAULT_MAX_TOOL_OUTPUT_CHARS,
+    BatchOptions,
+)
 from .results import AgentResult
 from .toolpool import Tool
 
@@ -42,6 +46,7 @@ def _batch_options(
     max_retries: int = 2,
     max_inflight: int | None = None,
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+    max_tool_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS,
     timeout_per_turn: float | None = 120.0,
     timeout_per_tool: float | None = 60.0,
     max_tokens: int | None = None,
@@ -74,6 +79,9 @@ def _batch_options(
         max_inflight: inference requests in flight at once (default: the backend's safe cap).
         max_tool_calls_per_turn: tool calls run from one model reply; each call past it is
             answered with an error the model can read, and not run. >= 1.
+        max_tool_output_chars: a tool's output (or error) longer than this is cut to it, the
+            cut marked ``[... truncated N of M chars by agentbatch]`` for the model, before it
+            is stored or sent; a tool's own ``max_output_chars`` overrides it. >= 1.
         timeout_per_turn: seconds for one model call attempt (finite, > 0; None: no limit).
         timeout_per_tool: seconds for one tool call (finite, > 0; None: no limit).
         max_tokens: completion token cap per model call (>= 1; None: server default).
@@ -114,7 +122,8 @@ def _batch_options(
         task=task, inputs=inputs, model=model, backend=backend, system_prompt=system_prompt,
         tools=tools or (), output_schema=output_schema, max_turns=max_turns,
         max_retries=max_retries, max_inflight=max_inflight,
-        max_tool_calls_per_turn=max_tool_calls_per_turn, timeout_per_turn=timeout_per_turn,
+        max_tool_calls_per_turn=max_tool_calls_per_turn,
+        max_tool_output_chars=max_tool_output_chars, timeout_per_turn=timeout_per_turn,
         timeout_per_tool=timeout_per_tool, max_tokens=max_tokens, temperature=temperature,
         on_result=on_result, redis_url=redis_url or os.environ.get("AGENTBATCH_REDIS_URL"),
         batch_id=batch_id, checkpoint_dir=checkpoint_dir,

@@ -209,6 +209,7 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         batch_prompting=opts.batch_prompting,
         max_server_waiting=opts.max_server_waiting,
         max_tool_calls_per_turn=opts.max_tool_calls_per_turn,
+        max_tool_output_chars=opts.max_tool_output_chars,
         tool_calling=tool_calling,
         tool_choice=opts.tool_choice,
         created_at=time.time(),

@@ -53,7 +53,8 @@ class EmbeddedHandle(BatchHandle):
         except BaseException:
             await backend.aclose()
             raise
-        pool = ToolPool(self.compiled.tools, cache=TTLCache(max_entries=10_000))
+        pool = ToolPool(self.compiled.tools, cache=TTLCache(max_entries=10_000),
+                        max_output_chars=plan.max_tool_output_chars)
         rt = BatchRuntime(plan=plan, contract=self.compiled.contract, tools=pool,
                           backend=backend)
         limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..toolpool.output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS
+
 DEFAULT_MAX_INFLIGHT = 256
 # Tool calls run from one model reply; the rest are answered with an error, so one runaway
 # reply cannot flood the tool queue.
@@ -38,6 +40,7 @@ class BatchOptions:
     batch_prompting: bool = False
     max_server_waiting: int | None = None
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    max_tool_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS
     tool_calling: str = "native"
     tool_choice: str = "auto"
     redis_url: str | None = None

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
+from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN, DEFAULT_MAX_TOOL_OUTPUT_CHARS
 
 
 class ToolRef(BaseModel):
@@ -45,6 +45,8 @@ class BatchPlan(BaseModel):
     batch_prompting: bool = False
     max_server_waiting: int | None = None
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    # a tool's output is cut to this many chars, with a marker (``toolpool/output_cap.py``)
+    max_tool_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS
     # "native" or "json" (resolved from "auto" at submit): see ``json_tool_calling``.
     tool_calling: str = "native"
     # "auto" or "required" (a tool call before the final answer): see ``tool_choice``.

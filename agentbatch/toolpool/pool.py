@@ -7,7 +7,8 @@ to. Only cancellation of the caller itself propagates.
 Per call: validate the arguments, then serve from the result cache (cacheable tools only), else
 join or start the shared execution of identical in-flight calls. The shared execution waits
 for the tool's rate limit, runs the function (sync functions in a worker thread) under the
-tool's timeout, and caches successes. Errors are never cached.
+tool's timeout, caps its output (``output_cap``: before anything caches, shares or stores
+it) and caches successes. Errors are never cached.
 
 Who may share an execution (``call_key``): calls from different agents only for tools declared
 safe to share (``cacheable`` or ``coalesce``), and then only within one batch unless the tool
@@ -36,6 +37,7 @@ from ..model_io import ToolCall, ToolOutcome
 from .cache import ResultCache, TTLCache
 from .coalesce import Coalescer, InflightCoalescer
 from .context import Lease, ToolContext
+from .output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS, cap_output, check_limit
 from .ratelimit import TokenBucket
 from .schema import ArgumentsInvalid, ValidatedArgs
 from .sync_runner import run_sync
@@ -60,7 +62,8 @@ class ToolPool:
     ``fleet_cache`` holds the results of ``share="fleet"`` tools (default: one cache for the
     whole process). ``tools`` may also hold "module:attr" import paths (how workers rebuild
     the pool). ``bucket_factory(tool)`` builds each rate-limited tool's bucket (anything with
-    ``async acquire()``; default: an in-process ``TokenBucket``).
+    ``async acquire()``; default: an in-process ``TokenBucket``). ``max_output_chars``: the
+    batch's cap on a tool's output (a tool's own ``max_output_chars`` overrides it).
     """
 
     def __init__(
@@ -73,7 +76,10 @@ class ToolPool:
         cache_ttl: float = 3600.0,
         default_timeout: float | None = None,
         bucket_factory: Callable[[Tool], Any] | None = None,
+        max_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS,
     ) -> None:
+        check_limit(max_output_chars, "max_tool_output_chars")
+        self.max_output_chars = max_output_chars
         self._tools: dict[str, Tool] = {}
         for item in tools:
             t = resolve_tool(item)
@@ -209,8 +215,8 @@ class ToolPool:
         cache = self._fleet_cache if tool.share == "fleet" else self._cache
         if tool.cacheable:
             hit = await self._cache_get(cache, key)
-            if hit is not None:
-                return hit, True, False
+            if hit is not None:  # capped again: a fleet-wide entry may come from a larger cap
+                return cap_output(hit, self.output_limit(tool)), True, False
 
         async def execute(lease: Lease) -> str:
             state["started"] = True
@@ -240,12 +246,22 @@ class ToolPool:
         self._bump(tool.name, "executions")
         limit = tool.timeout if tool.timeout is not None else self.default_timeout
         invocation = _invoke(tool, kwargs)
-        if limit is None:
-            return await invocation
         try:
-            return await asyncio.wait_for(invocation, limit)
+            text = await (invocation if limit is None else asyncio.wait_for(invocation, limit))
         except asyncio.TimeoutError:
             raise _ExecutionTimeout(_timeout_message(tool.name, limit)) from None
+        except ToolError as exc:  # an error's text reaches the model and Redis too
+            message = str(exc)
+            capped = cap_output(message, self.output_limit(tool))
+            if capped is message:
+                raise
+            raise ToolError(capped) from exc
+        return cap_output(text, self.output_limit(tool))
+
+    def output_limit(self, tool: Tool) -> int:
+        """The cap on ``tool``'s output: its own, else the batch's."""
+        own = tool.max_output_chars
+        return own if own is not None else self.max_output_chars
 
     @staticmethod
     async def _cache_get(cache: ResultCache, key: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, overload
 
 from ..errors import BatchSpecError
 from .context import ToolContext
+from .output_cap import check_limit
 from .schema import ArgSpec, build_arg_spec
 
 __all__ = ["Tool", "ToolContext", "is_async_callable", "resolve_tool", "tool"]
@@ -60,6 +61,8 @@ class Tool:
     coalesce: bool = False  # read-only: concurrent identical calls may share one execution
     share: Share = "batch"  # how far cache and coalescing reach: one batch, or the fleet
     lock_ttl: float | None = None  # seconds a stalled leader keeps a call; None: pool default
+    # chars of output kept (the rest cut, with a marker); None: the batch's max_tool_output_chars
+    max_output_chars: int | None = None
     identity: str = field(init=False, default="", compare=False)  # "path@version"
 
     # Built-in tools, attached by ``agentbatch.toolpool.builtins`` (avoids a circular import).
@@ -90,6 +93,8 @@ class Tool:
         for label, value in limits:
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise BatchSpecError(f"tool {self.name!r}: {label} must be a positive number")
+        if self.max_output_chars is not None:
+            check_limit(self.max_output_chars, f"tool {self.name!r}: max_output_chars")
         spec = self.spec if self.spec is not None else build_arg_spec(self.fn, name=self.name)
         object.__setattr__(self, "spec", spec)
         if self.parameters is None:
@@ -138,7 +143,7 @@ class Tool:
             "description": self.description, "parameters": self.parameters,
             "cacheable": self.cacheable, "rate_limit": self.rate_limit, "timeout": self.timeout,
             "version": self.version, "coalesce": self.coalesce, "share": self.share,
-            "lock_ttl": self.lock_ttl,
+            "lock_ttl": self.lock_ttl, "max_output_chars": self.max_output_chars,
         })
 
 
@@ -156,7 +161,7 @@ def tool(
     fn: None = None, /, *, name: str | None = None, cacheable: bool = False,
     rate_limit: float | None = None, timeout: float | None = None,
     description: str | None = None, version: str | None = None, coalesce: bool = False,
-    share: Share = "batch", lock_ttl: float | None = None,
+    share: Share = "batch", lock_ttl: float | None = None, max_output_chars: int | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -164,7 +169,7 @@ def tool(
     fn: Callable[..., Any] | None = None, /, *, name: str | None = None, cacheable: bool = False,
     rate_limit: float | None = None, timeout: float | None = None,
     description: str | None = None, version: str | None = None, coalesce: bool = False,
-    share: Share = "batch", lock_ttl: float | None = None,
+    share: Share = "batch", lock_ttl: float | None = None, max_output_chars: int | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a sync or async function into a ``Tool``; use as ``@tool`` or ``@tool(...)``.
 
@@ -174,7 +179,8 @@ def tool(
     a read-only tool without caching. Without either, every call runs on its own. Sharing stays
     within one batch unless ``share="fleet"``. ``version`` changes the tool's identity (the
     default is a hash of its signature and source); ``lock_ttl`` is how long a worker that
-    stops renewing keeps a call before another may take it over.
+    stops renewing keeps a call before another may take it over; ``max_output_chars`` caps
+    this tool's output instead of the batch's ``max_tool_output_chars``.
     """
     # The decorating scope's locals resolve string annotations of nested functions under
     # ``from __future__ import annotations`` (e.g. a model class defined in the same function).
@@ -203,6 +209,7 @@ def tool(
             coalesce=coalesce,
             share=share,
             lock_ttl=lock_ttl,
+            max_output_chars=max_output_chars,
         )
 
     return wrap(fn) if fn is not None else wrap

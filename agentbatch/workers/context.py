@@ -125,7 +125,8 @@ class WorkerContext:
             return self._broken(plan, store, str(exc), "schema_import")
         contract = OutputContract(schema)
         pool = ToolPool(tools, coalescer=self.coalescer, cache=self.cache, fleet_cache=self.cache,
-                        bucket_factory=redis_buckets(self.redis, self.scripts))
+                        bucket_factory=redis_buckets(self.redis, self.scripts),
+                        max_output_chars=plan.max_tool_output_chars)
         try:
             backend = self._backend(plan)
         except (BatchSpecError, ConfigError) as exc:  # a hostfile, a key, a URL of this node
