@@ -1,4 +1,4 @@
-"""Inference backends: one small ``Backend`` protocol, chosen by URL scheme.
+"""Inference backends: one ``Backend`` base class (its hooks declared there), chosen by URL scheme.
 
 HTTP drivers are imported on first use via ``backend_from_url``; importing this package is
 cheap and needs no optional dependency.

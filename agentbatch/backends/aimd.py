@@ -152,7 +152,7 @@ class AdaptiveBackend(BackendWrapper):
 
     Wrap it inside the retry layer -- ``RetryingBackend(AdaptiveBackend(inner))`` -- so every
     retry passes the gate again at the (possibly reduced) limit. Throttles are re-raised
-    unchanged after informing the controller. Other attributes are the inner backend's.
+    unchanged after informing the controller. The hooks are the inner backend's.
     """
 
     def __init__(self, inner: Backend, controller: AIMDController | None = None) -> None:

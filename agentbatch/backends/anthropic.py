@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..model_io import ModelRequest, ModelResponse
 from .anthropic_convert import DEFAULT_MAX_TOKENS, build_body, parse_response
 from .api_keys import API_KEYS_ENV
-from .base import BackendCapabilities
+from .base import Backend, BackendCapabilities
 from .http_session import HttpSession
 from .urls import ANTHROPIC_HOST, BackendTarget, parse_backend_url
 
@@ -38,7 +38,7 @@ CAPABILITIES = BackendCapabilities(
 )
 
 
-class AnthropicBackend:
+class AnthropicBackend(Backend):
     """``Backend`` over ``POST {base}/v1/messages``."""
 
     def __init__(

@@ -114,7 +114,8 @@ def parse_response(body: Any, *, who: str = "anthropic") -> ModelResponse:
             texts.append(block["text"])
         elif kind == "tool_use":
             arguments, error = parse_arguments(block.get("input"))
-            name = block.get("name") if isinstance(block.get("name"), str) else ""
+            raw_name = block.get("name")
+            name = raw_name if isinstance(raw_name, str) else ""
             calls.append(
                 ToolCall(
                     id=str(block.get("id") or f"toolu_{len(calls)}"),

@@ -1,11 +1,24 @@
-"""The one small interface every inference backend implements."""
+"""The one base class every inference backend inherits: ``complete``, ``aclose`` and the hooks
+the engines call, each declared here with a default that means "not supported".
+
+Call sites call the hooks as plain methods (no ``getattr``), so renaming one is a type error
+and a test failure (``tests/unit/test_backend_hooks.py``), never a feature silently off.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from ..model_io import ModelRequest, ModelResponse
+from ..errors import BackendError
+from ..model_io import Message, ModelRequest, ModelResponse
+
+if TYPE_CHECKING:
+    from ..orchestrator.plan import BatchPlan
+
+RetryListener = Callable[[BaseException], None]
 
 
 @dataclass(frozen=True)
@@ -32,46 +45,156 @@ class ServerLoad:
     queue_known: bool = True  # False: /metrics had no running/waiting gauge we understand
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """A model server. ``complete`` raises ``agentbatch.errors.BackendError`` subclasses."""
+class Backend(ABC):
+    """A model server. ``complete`` raises ``agentbatch.errors.BackendError`` subclasses.
+
+    Every hook below has a default meaning "this backend does not do that"; a driver overrides
+    the ones it supports, and a wrapper (``BackendWrapper``) forwards each to its inner backend.
+    """
 
     name: str
     capabilities: BackendCapabilities
 
-    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+    @abstractmethod
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One model turn; called by both engines for every turn."""
 
-    async def aclose(self) -> None: ...
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Called once when the batch (or the worker) is done with this backend."""
+
+    # -- hooks: the defaults mean "not supported" -------------------------------------------
+
+    async def preflight(self, plan: BatchPlan) -> None:
+        """Called on each endpoint before any agent is dispatched (``setup.preflight_backend``,
+        both engines' submit): raise ``ConfigError``/``BatchSpecError`` if this server cannot run
+        ``plan``. Default: nothing to check."""
+        return None
+
+    async def warm(self, request: ModelRequest) -> None:
+        """Called once with the shared prefix before the fan-out when
+        ``capabilities.prefix_warming`` (``setup.warm_backend``). Default: nothing to warm."""
+        return None
+
+    async def fetch_load(self) -> ServerLoad | None:
+        """Called by the backpressure gate and at preflight for ``max_server_waiting``; never
+        raises. Default None: this backend publishes no queue, so nothing is ever held."""
+        return None
+
+    @property
+    def inflight_hint(self) -> int | None:
+        """Read when an engine sizes its in-flight cap (``setup.inflight_hint``): the most
+        requests worth having in flight. Default None: no opinion (the default cap applies)."""
+        return None
+
+    async def learn_inflight_hint(self) -> None:
+        """Called on workers, where no preflight ran, while ``inflight_hint`` is None
+        (``setup.learn_inflight_hint``). Default: nothing to learn."""
+        return None
+
+    async def complete_batch(
+        self,
+        prompts: list[str],
+        *,
+        model: str,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        json_schema: dict[str, Any] | None = None,
+        request_id: str = "",
+        messages: list[list[Message]] | None = None,
+    ) -> list[ModelResponse | BackendError]:
+        """Called by ``MicroBatchingBackend`` (only when ``capabilities.batch_prompting``): many
+        prompts in one request, a result or error per prompt. Default: not supported."""
+        raise NotImplementedError(f"{self.name} does not take a list of prompts")
+
+    @property
+    def batch_limit(self) -> int | None:
+        """Read by ``MicroBatchingBackend`` before each batch: the most prompts worth sending in
+        one. Default None: no limit beyond its own ``max_batch``."""
+        return None
+
+    async def health(self) -> bool:
+        """Called by ``EndpointPool``'s probe to re-admit an ejected endpoint; never raises.
+        Default True: nothing to ask, so real traffic decides."""
+        return True
+
+    @property
+    def listeners(self) -> list[RetryListener]:
+        """Called with each error about to be retried; workers append the fleet-wide AIMD here
+        (``workers.context``). Default: a fresh list, since a backend that does not retry never
+        calls it (appending registers nothing)."""
+        return []
+
+    @property
+    def requests_sent(self) -> int | None:
+        """HTTP requests sent for model calls, read for stats (``embedded_handle.stats``,
+        ``MicroBatchingBackend``). Default None: not counted."""
+        return None
+
+    @property
+    def retries(self) -> int | None:
+        """Retries performed, read for stats (``embedded_handle.stats``). Default None: this
+        backend does not retry."""
+        return None
 
 
-class BackendWrapper:
-    """Base of the layers that wrap a backend (retries, AIMD, micro-batching).
+class BackendWrapper(Backend):
+    """Base of the layers that wrap a backend (retries, AIMD, micro-batching, tests).
 
-    Everything a layer does not override is the inner backend's: its name, capabilities,
-    ``warm``, ``fetch_load``, counters.
+    Its name and capabilities are the inner backend's, and so is every hook a layer does not
+    override: each is forwarded here by name, never by ``__getattr__``.
     """
 
     def __init__(self, inner: Backend) -> None:
         self._inner = inner
+        self.name = inner.name
+        self.capabilities = inner.capabilities
 
     @property
     def inner(self) -> Backend:
         return self._inner
 
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._inner.capabilities
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        return await self._inner.complete(request)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not found normally; ``_inner`` itself missing (e.g.
-        # while unpickling) must not recurse.
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    async def preflight(self, plan: BatchPlan) -> None:
+        await self._inner.preflight(plan)
+
+    async def warm(self, request: ModelRequest) -> None:
+        await self._inner.warm(request)
+
+    async def fetch_load(self) -> ServerLoad | None:
+        return await self._inner.fetch_load()
+
+    @property
+    def inflight_hint(self) -> int | None:
+        return self._inner.inflight_hint
+
+    async def learn_inflight_hint(self) -> None:
+        await self._inner.learn_inflight_hint()
+
+    async def complete_batch(self, prompts: list[str], **kwargs: Any
+                             ) -> list[ModelResponse | BackendError]:
+        return await self._inner.complete_batch(prompts, **kwargs)
+
+    @property
+    def batch_limit(self) -> int | None:
+        return self._inner.batch_limit
+
+    async def health(self) -> bool:
+        return await self._inner.health()
+
+    @property
+    def listeners(self) -> list[RetryListener]:
+        return self._inner.listeners
+
+    @property
+    def requests_sent(self) -> int | None:
+        return self._inner.requests_sent
+
+    @property
+    def retries(self) -> int | None:
+        return self._inner.retries

@@ -28,7 +28,7 @@ from ..errors import (
     ServerError,
 )
 from ..model_io import ModelRequest, ModelResponse
-from .base import BackendCapabilities
+from .base import Backend, BackendCapabilities
 from .bedrock_convert import DEFAULT_MAX_TOKENS, converse_params, parse_converse
 from .http_errors import truncate
 from .urls import BackendTarget, parse_backend_url
@@ -58,8 +58,8 @@ _SERVER = {
 def import_boto() -> tuple[Any, Any]:
     """``(boto3, botocore.config.Config)``, or ``ConfigError`` with the install hint."""
     try:
-        import boto3
-        from botocore.config import Config
+        import boto3  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError(
             "the bedrock:// backend needs boto3: pip install 'agentbatch[bedrock]'"
@@ -69,7 +69,7 @@ def import_boto() -> tuple[Any, Any]:
 
 def map_boto_error(exc: Exception, who: str) -> BackendError:
     """A botocore failure as our ``BackendError`` (throttles are ``RateLimited``, retryable)."""
-    from botocore.exceptions import (
+    from botocore.exceptions import (  # type: ignore[import-untyped]
         BotoCoreError,
         ClientError,
         ConnectTimeoutError,
@@ -105,8 +105,10 @@ def map_boto_error(exc: Exception, who: str) -> BackendError:
     return ServerError(f"{who}: {type(exc).__name__}: {detail}")
 
 
-class BedrockBackend:
+class BedrockBackend(Backend):
     """``Backend`` over ``bedrock-runtime`` ``converse``."""
+
+    requests_sent: int = 0  # converse calls made (the base hook, counted here)
 
     def __init__(
         self,

@@ -201,7 +201,7 @@ class _Builder:
         names = list(props)
         if names[0] not in required:
             raise Unsupported("an object whose first property is optional")
-        prefix, rest = "{", []
+        prefix, rest = "{", list[str]()
         for i, key in enumerate(names):
             value = props[key]
             if rest or (i > 0 and key not in required):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -160,7 +160,7 @@ class HttpSession:
             await lines.aclose()  # the reader may stop at [DONE], before the body ends
             await resp.aclose()
 
-    async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:
+    async def _lines(self, resp: httpx.Response) -> AsyncGenerator[str, None]:
         splitter = limits.LineSplitter(who=self.who, max_total=self.max_response_bytes)
         try:
             async for chunk in resp.aiter_bytes():

@@ -94,7 +94,8 @@ def function_specs(tools: list[dict[str, Any]]) -> list[FunctionSpec]:
     """OpenAI function-tool schemas (or bare ``{name, description, parameters}``)."""
     specs = []
     for tool in tools:
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        raw_fn = tool.get("function")
+        fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else tool
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             continue
@@ -136,7 +137,8 @@ def _assistant_blocks(msg: Message) -> list[Block]:
     for call in calls if isinstance(calls, list) else []:
         if not isinstance(call, dict):
             continue
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        raw_fn = call.get("function")
+        fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else call
         arguments, _ = parse_arguments(fn.get("arguments"))
         blocks.append(ToolUse(safe_id(call.get("id")), str(fn.get("name") or ""), arguments))
     return blocks

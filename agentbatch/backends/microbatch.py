@@ -108,10 +108,11 @@ class _Group:
 class MicroBatchingBackend(BackendWrapper):
     """A ``Backend`` that turns concurrent tool-free ``complete`` calls into ``complete_batch``.
 
-    ``enabled=None`` (default) batches only when the inner backend has ``complete_batch`` and
-    declares ``capabilities.batch_prompting``; otherwise every call passes through. Wear it
-    *inside* ``RetryingBackend`` so a prompt whose own fallback call failed is retried (and
-    joins a later batch). Other attributes (``warm``, ``fetch_load`` ...) are the inner's.
+    ``enabled=None`` (default) batches only when the inner backend declares
+    ``capabilities.batch_prompting`` (its promise to implement ``complete_batch``); otherwise
+    every call passes through. Wear it *inside* ``RetryingBackend`` so a prompt whose own
+    fallback call failed is retried (and joins a later batch). The other hooks (``warm``,
+    ``fetch_load`` ...) are the inner's (``BackendWrapper``).
     """
 
     def __init__(
@@ -132,9 +133,7 @@ class MicroBatchingBackend(BackendWrapper):
         self.max_batch = max_batch
         self.render = render
         if enabled is None:
-            enabled = callable(getattr(inner, "complete_batch", None)) and bool(
-                inner.capabilities.batch_prompting
-            )
+            enabled = bool(inner.capabilities.batch_prompting)
         self.enabled = enabled
         self._groups: dict[GroupKey, _Group] = {}
         self._inflight: set[asyncio.Task[None]] = set()
@@ -148,7 +147,7 @@ class MicroBatchingBackend(BackendWrapper):
     def requests_sent(self) -> int:
         """HTTP requests the inner backend sent (fallbacks included) when it counts them;
         else the calls this layer made to it."""
-        sent = getattr(self._inner, "requests_sent", None)
+        sent = self._inner.requests_sent
         return sent if isinstance(sent, int) else self.batches + self.solo + self.direct
 
     def stats(self) -> dict[str, int]:
@@ -208,7 +207,7 @@ class MicroBatchingBackend(BackendWrapper):
         """``max_batch``, or less when the server says how many prompts it runs at once
         (llama.cpp's slots): a bigger batch only queues there, and every prompt of a batch
         waits for its slowest wave, so a large one outlasts the turn's timeout."""
-        hint = getattr(self._inner, "batch_limit", None)
+        hint = self._inner.batch_limit
         return min(self.max_batch, hint) if isinstance(hint, int) and hint > 0 else self.max_batch
 
     def _flush(self, key: GroupKey) -> None:
@@ -244,7 +243,7 @@ class MicroBatchingBackend(BackendWrapper):
     async def _send_many(self, items: list[_Pending]) -> None:
         first = items[0].request
         try:
-            results = await self._inner.complete_batch(  # type: ignore[attr-defined]
+            results = await self._inner.complete_batch(
                 [self.render(it.request.messages) for it in items],
                 model=first.model,
                 max_tokens=first.max_tokens,

@@ -21,7 +21,7 @@ import httpx
 from ..errors import BackendError, BackendTimeout, ServerError
 from ..model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
 from .aiohttp_session import AiohttpSession
-from .base import BackendCapabilities, ServerLoad
+from .base import Backend, BackendCapabilities, ServerLoad
 from .batch_prompting import run_batch
 from .http_session import HttpSession
 from .loop_guard import LoopGuard
@@ -67,7 +67,7 @@ def response_format(json_schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": spec}
 
 
-class OpenAICompatBackend:
+class OpenAICompatBackend(Backend):
     """``Backend`` over ``POST {base}/v1/chat/completions``.
 
     ``stream=True`` asks for SSE (with ``stream_options.include_usage``) and fills

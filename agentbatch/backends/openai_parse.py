@@ -101,8 +101,10 @@ def parse_tool_calls(raw_calls: Any, request_id: str) -> list[ToolCall]:
     for index, entry in enumerate(raw_calls):
         if not isinstance(entry, dict):
             continue
-        fn = entry.get("function") if isinstance(entry.get("function"), dict) else entry
-        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        raw_fn = entry.get("function")
+        fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else entry
+        raw_name = fn.get("name")
+        name = raw_name if isinstance(raw_name, str) else ""
         raw_args = fn.get("arguments")
         arguments, error = parse_arguments(raw_args)
         if not name:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendCapabilities, ServerLoad
+from .base import Backend, ServerLoad
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class _Endpoint:
     probe: asyncio.Task[None] | None = None
 
 
-class EndpointPool:
+class EndpointPool(Backend):
     """A ``Backend`` over several endpoints; see the module docstring."""
 
     def __init__(
@@ -87,6 +87,7 @@ class EndpointPool:
             names.append(name)
         self._eps = [_Endpoint(b, n) for b, n in zip(backends, names, strict=True)]
         self.name = "pool(" + ", ".join(names) + ")"
+        self.capabilities = backends[0].capabilities
         self.eject_after = eject_after
         self.probe_interval_s = probe_interval_s
         self.max_affinity = max_affinity
@@ -94,10 +95,6 @@ class EndpointPool:
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._turn = 0
         self._closed = False
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._eps[0].backend.capabilities
 
     @property
     def backends(self) -> list[Backend]:
@@ -164,7 +161,7 @@ class EndpointPool:
         ep.outstanding += 1
         ep.requests += 1
         try:
-            return await ep.backend.complete_batch(prompts, **kwargs)  # type: ignore[attr-defined]
+            return await ep.backend.complete_batch(prompts, **kwargs)
         finally:
             ep.outstanding -= 1
 
@@ -193,11 +190,8 @@ class EndpointPool:
         )
 
     async def _healthy(self, ep: _Endpoint) -> bool:
-        health = getattr(ep.backend, "health", None)
-        if health is None:
-            return True  # nothing to ask: re-admit and let real traffic decide
-        try:
-            return bool(await health())
+        try:  # a backend with nothing to ask says True: real traffic decides
+            return bool(await ep.backend.health())
         except Exception:
             return False
 
@@ -229,11 +223,9 @@ class EndpointPool:
 
     async def warm(self, request: ModelRequest) -> None:
         """Warm every endpoint; one that fails is ejected. Fails only if NONE warms."""
-        targets = [ep for ep in self._eps if hasattr(ep.backend, "warm")]
-        if not targets:
-            return
+        targets = self._eps  # one with nothing to warm (the default ``warm``) succeeds
         results = await asyncio.gather(
-            *(ep.backend.warm(request) for ep in targets),  # type: ignore[attr-defined]
+            *(ep.backend.warm(request) for ep in targets),
             return_exceptions=True,
         )
         failures = [
@@ -249,9 +241,9 @@ class EndpointPool:
 
     async def fetch_load(self) -> ServerLoad | None:
         """Summed running/waiting over admitted endpoints; the mean prefix-cache hit rate."""
-        eps = [ep for ep in self._eps if not ep.ejected and hasattr(ep.backend, "fetch_load")]
+        eps = [ep for ep in self._eps if not ep.ejected]  # the default ``fetch_load`` says None
         loads = await asyncio.gather(
-            *(ep.backend.fetch_load() for ep in eps),  # type: ignore[attr-defined]
+            *(ep.backend.fetch_load() for ep in eps),
             return_exceptions=True,
         )
         found = [x for x in loads if isinstance(x, ServerLoad)]

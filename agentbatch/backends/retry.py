@@ -28,11 +28,12 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
 )
+from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from ..errors import BackendError, BackendTimeout
 from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendWrapper
+from .base import Backend, BackendWrapper, RetryListener
 
 SleepFn = Callable[[float], Awaitable[None]]
 
@@ -91,9 +92,15 @@ class _PolicyWait(wait_base):
         return wait
 
 
-def _past(deadline: float | None) -> Callable[[RetryCallState], bool]:
-    """A tenacity stop condition: the call's deadline has passed (no attempt would get time)."""
-    return lambda _state: deadline is not None and time.monotonic() >= deadline
+class _Past(stop_base):
+    """A tenacity stop condition: the call's deadline (``time.monotonic()``) has passed, so
+    no attempt would get time."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -104,9 +111,11 @@ class RetryingBackend(BackendWrapper):
     """A ``Backend`` that retries the wrapped backend's ``complete`` per a ``RetryPolicy``.
 
     ``retries`` counts retries performed (not first attempts), ``retries_by_kind`` splits them
-    by error kind; both are for stats. Other attributes (``warm``, ``fetch_load``, ...) are
-    the wrapped backend's.
+    by error kind; both are for stats. ``listeners`` hear each error about to be retried. The
+    other hooks (``warm``, ``fetch_load``, ...) are the wrapped backend's (``BackendWrapper``).
     """
+
+    retries: int = 0  # the base hook, counted here (per instance once the first retry happens)
 
     def __init__(
         self,
@@ -124,14 +133,19 @@ class RetryingBackend(BackendWrapper):
         self.retries_by_kind: Counter[str] = Counter()
         # Called with each error that is about to be retried (e.g. a fleet-wide AIMD hears
         # every 429 here, including the ones a retry later absorbs).
-        self.listeners: list[Callable[[BaseException], None]] = []
+        self._listeners: list[RetryListener] = []
+
+    @property
+    def listeners(self) -> list[RetryListener]:
+        """Called with each error that is about to be retried."""
+        return self._listeners
 
     def _count_retry(self, retry_state: RetryCallState) -> None:
         self.retries += 1
         outcome = retry_state.outcome
         error = outcome.exception() if outcome is not None else None
         self.retries_by_kind[getattr(error, "kind", type(error).__name__)] += 1
-        for listener in self.listeners:
+        for listener in self._listeners:
             if error is not None:
                 listener(error)
 
@@ -144,7 +158,7 @@ class RetryingBackend(BackendWrapper):
         # between concurrent coroutines.
         retrying = AsyncRetrying(
             sleep=self._sleep,
-            stop=stop_after_attempt(attempts) | _past(deadline),
+            stop=stop_after_attempt(attempts) | _Past(deadline),
             wait=_PolicyWait(self.policy, self._rng, deadline),
             retry=retry_if_exception(_is_retryable),
             before_sleep=self._count_retry,

@@ -93,7 +93,8 @@ def check_batch_prompting(urls: list[str], *, has_tools: bool) -> None:
 
     Native tool turns never travel as a raw prompt (``microbatch.batchable``; pass
     ``has_tools`` False for ``tool_calling="json"``, whose turns are text), and a backend that
-    does not declare ``capabilities.batch_prompting`` would pass every turn straight through:
+    does not declare ``capabilities.batch_prompting`` (its promise to implement
+    ``complete_batch``) would pass every turn straight through:
     either way the option would silently do nothing.
     """
     if has_tools:
@@ -104,8 +105,7 @@ def check_batch_prompting(urls: list[str], *, has_tools: bool) -> None:
         )
     for url in expand_backend_urls(urls):
         backend = backend_from_url(url)  # drivers connect lazily: nothing to close here
-        if not (backend.capabilities.batch_prompting
-                and callable(getattr(backend, "complete_batch", None))):
+        if not backend.capabilities.batch_prompting:
             raise BatchSpecError(
                 f"batch_prompting=True cannot apply to backend {backend.name}: it does not "
                 "take a list of prompts on /v1/completions (batch prompting is available on "
@@ -115,11 +115,12 @@ def check_batch_prompting(urls: list[str], *, has_tools: bool) -> None:
 
 def endpoints(backend: Backend) -> list[Backend]:
     """The endpoint drivers under the wrapping layers (several for an ``EndpointPool``)."""
+    from .pool import EndpointPool
+
     while isinstance(backend, BackendWrapper):
         backend = backend.inner
-    members = getattr(backend, "backends", None)
-    if isinstance(members, list):
-        return [e for member in members for e in endpoints(member)]
+    if isinstance(backend, EndpointPool):
+        return [e for member in backend.backends for e in endpoints(member)]
     return [backend]
 
 
@@ -134,7 +135,7 @@ def inflight_hint(backend: Backend) -> int | None:
     """
     total = 0
     for endpoint in endpoints(backend):
-        hint = getattr(endpoint, "inflight_hint", None)
+        hint = endpoint.inflight_hint
         if not isinstance(hint, int) or hint < 1:
             return None
         total += hint
@@ -147,14 +148,13 @@ async def learn_inflight_hint(backend: Backend, timeout_s: float = 10.0) -> None
     A server that does not answer in ``timeout_s`` leaves the hint unknown (the default cap
     applies); its turns then fail or succeed on their own."""
     for endpoint in endpoints(backend):
-        learn = getattr(endpoint, "learn_inflight_hint", None)
-        if learn is None or getattr(endpoint, "inflight_hint", None) is not None:
+        if endpoint.inflight_hint is not None:
             continue
-        try:
-            await asyncio.wait_for(learn(), timeout_s)
+        try:  # the default ``learn_inflight_hint`` learns nothing, at once
+            await asyncio.wait_for(endpoint.learn_inflight_hint(), timeout_s)
         except Exception as exc:  # only a hint: the turn reports real errors
             log.info("%s did not say how many requests it serves at once: %s",
-                     getattr(endpoint, "name", endpoint), exc)
+                     endpoint.name, exc)
 
 
 async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:
@@ -162,24 +162,20 @@ async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:
     ``preflight``, e.g. llama.cpp's ``/props``), and ``max_server_waiting`` has a queue gauge
     to read on every endpoint. Raises ``ConfigError`` / ``BatchSpecError``."""
     for endpoint in endpoints(backend):
-        check = getattr(endpoint, "preflight", None)
-        if check is not None:
-            await check(plan)
+        await endpoint.preflight(plan)  # the default checks nothing
         if plan.max_server_waiting is not None:
             await _check_queue_gauge(endpoint, plan.max_server_waiting)
 
 
 async def _check_queue_gauge(endpoint: Backend, max_waiting: int) -> None:
-    fetch = getattr(endpoint, "fetch_load", None)
-    load = await fetch() if fetch is not None else None
+    load = await endpoint.fetch_load()  # the default (no server metrics) says None
     if load is None or not load.queue_known:
-        why = ("it publishes no server metrics" if fetch is None
-               else "its /metrics did not answer with a queue gauge agentbatch understands "
-                    "(vllm:num_requests_waiting, sglang:num_queue_reqs, "
-                    "llamacpp:requests_deferred, dynamo_frontend_queued_requests)")
         raise BatchSpecError(
-            f"max_server_waiting={max_waiting} cannot apply to backend {endpoint.name}: {why}; "
-            "drop max_server_waiting or point it at a server that publishes its queue"
+            f"max_server_waiting={max_waiting} cannot apply to backend {endpoint.name}: it "
+            "publishes no server metrics, or its /metrics did not answer with a queue gauge "
+            "agentbatch understands (vllm:num_requests_waiting, sglang:num_queue_reqs, "
+            "llamacpp:requests_deferred, dynamo_frontend_queued_requests); drop "
+            "max_server_waiting or point it at a server that publishes its queue"
         )
 
 
@@ -190,11 +186,8 @@ async def warm_backend(backend: Backend, plan: BatchPlan) -> None:
 
     if not backend.capabilities.prefix_warming:
         return
-    warm = getattr(backend, "warm", None)
-    if warm is None:
-        return
     try:
-        await warm(warmup_request(plan))
+        await backend.warm(warmup_request(plan))  # the default warms nothing
     except BackendError as exc:
         raise BackendUnavailable(
             f"backend {', '.join(plan.backends)} failed the warm-up request: {exc}"

@@ -69,7 +69,7 @@ class BackpressureGate:
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
-        self._fetch_load = getattr(backend, "fetch_load", None)
+        self._fetch_load = backend.fetch_load
         self.max_waiting = max_waiting
         self.interval_s = interval_s
         self._clock = clock

@@ -145,8 +145,8 @@ class EmbeddedHandle(BatchHandle):
             return {}
         backend = self.engine.rt.backend
         return {
-            "requests_sent": getattr(backend, "requests_sent", None),
-            "retries": getattr(backend, "retries", None),
+            "requests_sent": backend.requests_sent,
+            "retries": backend.retries,
             "peak_inflight": self.engine.slots.peak,
             "tools": self.engine.rt.tools.stats(),
         }

@@ -153,9 +153,7 @@ class WorkerContext:
             # trust_key_env=False: the plan may not pick which of our variables is a key.
             backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                    batch_prompting=plan.batch_prompting, trust_key_env=False)
-            listeners = getattr(backend, "listeners", None)
-            if listeners is not None:
-                listeners.append(lambda error: self._on_retry(plan, backend, error))
+            backend.listeners.append(lambda error: self._on_retry(plan, backend, error))
             self._backends[key] = backend
         return backend
 

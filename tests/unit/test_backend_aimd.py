@@ -131,7 +131,7 @@ async def test_gate_cancelled_waiter_does_not_leak_a_slot() -> None:
     assert gate.in_use == 1
 
 
-class Scripted:
+class Scripted(Backend):
     """A fake backend: pops one outcome per call; counts concurrency."""
 
     name = "fake"
@@ -162,8 +162,9 @@ class Scripted:
     async def aclose(self) -> None:
         self.closed = True
 
-    def extra(self) -> str:
-        return "delegated"
+    @property
+    def inflight_hint(self) -> int:  # a declared hook: the wrapper forwards it by name
+        return 5
 
 
 REQ = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -225,6 +226,6 @@ async def test_adaptive_gate_bounds_concurrency_and_delegates() -> None:
     await asyncio.gather(*tasks)
     assert inner.peak == 3 and inner.calls == 10
     assert adaptive.name == "fake" and adaptive.capabilities.max_safe_concurrency == 16
-    assert adaptive.extra() == "delegated"
+    assert adaptive.inflight_hint == 5
     await adaptive.aclose()
     assert inner.closed

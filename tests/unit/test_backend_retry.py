@@ -22,7 +22,7 @@ from agentbatch.model_io import ModelRequest, ModelResponse
 REQUEST = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Raises the scripted errors in order, then answers; counts calls."""
 
     name = "scripted"
@@ -165,11 +165,10 @@ async def test_delegation_and_protocol() -> None:
     assert backend.name == "scripted"
     assert backend.capabilities.max_safe_concurrency == 7
     assert backend.inner is inner
-    await backend.warm(REQUEST)  # delegated via __getattr__
+    await backend.warm(REQUEST)  # a declared hook: forwarded by BackendWrapper
     assert inner.warmed == 1
-    assert backend.script == []
     with pytest.raises(AttributeError):
-        _ = backend.does_not_exist
+        _ = backend.script  # not a hook: no pass-through of the inner's attributes
     await backend.aclose()
     assert inner.closed
 

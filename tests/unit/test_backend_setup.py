@@ -73,7 +73,7 @@ def test_open_backend_expands_hostfiles_into_a_pool(tmp_path: Path) -> None:
     assert pool.capabilities.prefix_warming  # the first endpoint's (vllm)
 
 
-class Fake:
+class Fake(Backend):
     def __init__(self, name: str, load: ServerLoad | None = None) -> None:
         self.name = name
         self.capabilities = BackendCapabilities()

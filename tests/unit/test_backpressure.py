@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from agentbatch.backends.base import ServerLoad
+from agentbatch.backends.base import Backend, ServerLoad
+from agentbatch.model_io import ModelRequest, ModelResponse
 from agentbatch.orchestrator.backpressure import BackpressureGate
 
 
@@ -116,12 +117,19 @@ async def test_no_metrics_never_blocks(load: ServerLoad | BaseException | None) 
     assert gate.stats()["last_waiting"] is None
 
 
-async def test_a_backend_without_fetch_load_is_never_asked() -> None:
+async def test_a_backend_without_a_queue_gauge_never_holds() -> None:
+    class NoGauge(Backend):  # the base class's ``fetch_load``: None, no server metrics
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            raise AssertionError("not called")
+
+        async def aclose(self) -> None:
+            return None
+
     clock = Clock()
-    gate = gate_for(object(), clock, max_waiting=0)
+    gate = gate_for(NoGauge(), clock, max_waiting=0)
     await gate.wait_ready()
     assert await gate.load() is None
-    assert gate.stats()["fetches"] == 0
+    assert gate.stats()["holds"] == 0 and clock.slept == []
 
 
 async def test_many_waiters_share_one_fetch_in_flight() -> None:

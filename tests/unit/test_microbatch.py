@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentbatch.backends.base import BackendCapabilities, ServerLoad
+from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
 from agentbatch.backends.microbatch import MicroBatchingBackend, batchable, chatml, group_key
 from agentbatch.errors import BackendTimeout, RateLimited, ServerError
 from agentbatch.model_io import ModelRequest, ModelResponse
@@ -19,7 +19,7 @@ from agentbatch.model_io import ModelRequest, ModelResponse
 LONG = 60.0  # a window no test waits for: flushes come from max_batch or aclose
 
 
-class FakeInner:
+class FakeInner(Backend):
     """Answers ``complete`` with ``chat:<last user text>`` and each batched prompt with
     ``batch:<prompt>``; ``fail_prompt`` marks prompts whose slot gets a ``RateLimited``."""
 
