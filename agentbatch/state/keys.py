@@ -58,8 +58,12 @@ class BatchKeys:
 
     def pattern(self) -> str:
         """SCAN pattern matching every key of this batch, the tombstone included."""
-        escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self._base)
-        return f"{escaped}:*"
+        return f"{_glob_escape(self._base)}:*"
+
+    def tool_pattern(self) -> str:
+        """SCAN pattern of the batch's shared tool-call keys (``tool_hash``): cache, lock,
+        fence and coalesced results, which ``agentbatch rm`` deletes with the batch."""
+        return _glob_escape(f"{PREFIX}:tool:{tool_hash(self.batch_id, '')}") + "*"
 
     def staged(self, token: str, name: str) -> str:
         """Where one submit (``token``) stages the batch key ``name`` (plan, meta, state,
@@ -86,6 +90,18 @@ class BatchKeys:
         """String: the lock of one unshared tool call (its holder's token; tool_start.lua)."""
         return f"{self._base}:lock:{index}:{version}:{call_id}"
 
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def tool_hash(batch_id: str | None, digest: str) -> str:
+    """The key hash of one shared tool call (``tool_lock`` & co.): a call shared within one
+    batch carries its batch (``{id}:<digest>``), so deleting the batch finds its cached and
+    coalesced results (``BatchKeys.tool_pattern``); a ``share="fleet"`` call's is the bare
+    digest, the fleet's and left to its TTL."""
+    return f"{{{batch_id}}}:{digest}" if batch_id is not None else digest
 
 
 def watch_member(member: str) -> tuple[str, int]:

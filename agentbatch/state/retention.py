@@ -106,7 +106,8 @@ def _delete_batch(client: redis.Redis, batch_id: str, *, force: bool) -> int:
     total = int(meta.get("total", 0) or 0)  # its live agents' deadlines, in the fleet's zset
     for start in range(0, total, _UNLINK_CHUNK):
         client.zrem(WATCH, *(k.member(i) for i in range(start, min(start + _UNLINK_CHUNK, total))))
-    keys = batch_keys(client, batch_id)
+    # its shared tool calls' cache, locks and results: a share="fleet" tool's are the fleet's
+    keys = [*batch_keys(client, batch_id), *client.scan_iter(match=k.tool_pattern(), count=1000)]
     for start in range(0, len(keys), _UNLINK_CHUNK):
         removed += int(client.unlink(*keys[start:start + _UNLINK_CHUNK]))
     # still out of memory after the deletes: a later reader gets BatchLost, not BatchExpired

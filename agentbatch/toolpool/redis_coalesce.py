@@ -18,11 +18,19 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import uuid
 from typing import Any
 
 from ..errors import ToolError
-from ..state.keys import TOOL_DONE_CHANNEL, tool_cache, tool_fence, tool_lock, tool_result
+from ..state.keys import (
+    TOOL_DONE_CHANNEL,
+    tool_cache,
+    tool_fence,
+    tool_hash,
+    tool_lock,
+    tool_result,
+)
 from ..state.note_hub import NoteHub
 from ..state.scripts import Scripts
 from .coalesce import Thunk
@@ -31,7 +39,26 @@ log = logging.getLogger(__name__)
 
 
 def key_hash(key: str) -> str:
-    return hashlib.sha1(key.encode()).hexdigest()
+    """Where one call's keys live (``tool_hash``): under its batch unless fleet-shared."""
+    return tool_hash(_batch_of(key), hashlib.sha1(key.encode()).hexdigest())
+
+
+_CALL_SCOPE = re.compile(r"call:(.*?):\d+:\d+:")  # ToolContext's "<batch>:<agent>:<turn>:<id>"
+
+
+def _batch_of(key: str) -> str | None:
+    """The batch a ``ToolPool.call_key`` belongs to, or None for a fleet-shared call (or a
+    key of another shape)."""
+    try:
+        scope = json.loads(key)[0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    if not isinstance(scope, str):
+        return None
+    if scope.startswith("batch:"):
+        return scope[len("batch:"):]
+    call = _CALL_SCOPE.match(scope)
+    return call.group(1) if call else None
 
 
 class RedisLease:
@@ -106,11 +133,16 @@ class RedisCoalescer:
             await asyncio.shield(self._finish(h, token, payload))
 
     async def _finish(self, h: str, token: str, payload: dict[str, Any]) -> None:
-        await self._s.tool_finish(
+        """Publish the outcome; a lock found no longer ours (checked in the same script,
+        after the run: the renewer stopped before it could notice) is logged at ERROR."""
+        held = await self._s.tool_finish(
             keys=[tool_lock(h), tool_result(h, token)],
             args=[token, json.dumps(payload), self.result_ttl_s, TOOL_DONE_CHANNEL,
                   f"{h}:{token}"],
         )
+        if not int(held):
+            log.error("shared tool call %s: the lock was lost while it ran; another worker "
+                      "took it over and may have run it too", h[:12])
 
     async def _renew(self, h: str, lease: RedisLease, ttl_ms: int) -> None:
         """Keep the lock while the tool runs; a lock found lost is logged, never re-taken."""
