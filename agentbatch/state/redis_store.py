@@ -17,6 +17,7 @@ from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState
 from ..orchestrator.plan import BatchPlan
 from ..results import ToolCallRecord
+from .damaged import damage_reason, placeholder_state
 from .keys import ACTIVE_BATCHES, TOMBSTONE_S, WATCH, BatchKeys, watch_member
 from .scripts import Scripts
 
@@ -68,7 +69,7 @@ def sync_clock_blocking(client: Any) -> None:
 class Claim:
     """The answer to "may I run this agent's turn at this version?"."""
 
-    kind: str  # ok | stale | busy | gone
+    kind: str  # ok | stale | busy | gone | damaged (state: a placeholder to end it from)
     state: AgentState | None = None
     cancelled: bool = False
     busy_ms: int = 0  # busy: how long the other holder's lease still lives
@@ -76,6 +77,20 @@ class Claim:
     listed: int = 0  # ok: how many of state.messages are in the agent's msgs list
     aimd_limit: int = -1  # the fleet's shared AIMD limit as the claim saw it (-1: none)
     slots_held: int = 0  # ok, slot asked: slots held before it (and queued, if it fills half)
+    damage: str = ""  # damaged: why the stored state cannot be read
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What the recovery sweep reads of one agent, in one round trip."""
+
+    state: AgentState | None  # None: gone, or ``damage`` says why it cannot be read
+    leased: bool
+    started: bool  # the current version was started (the deadline's mark)
+    score: int | None  # the deadline as read: a re-send is fenced on it (``resend``)
+    deferred: bool  # the sweep already let this version wait once on a busy queue
+    damage: str = ""  # the stored entry does not parse: why
+    entry: str = ""  # the raw entry, when damaged
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,12 @@ def state_entry(version: int, state_json: str) -> str:
 def entry_state(entry: str) -> AgentState:
     """The ``AgentState`` in a state hash entry."""
     return AgentState.model_validate_json(entry.partition(":")[2])
+
+
+def deferral_field(index: int) -> str:
+    """The ``resends`` hash field holding the version the sweep last let wait on a busy
+    queue (beside the "<index>" re-send counts, so it expires and is deleted with them)."""
+    return f"q:{index}"
 
 
 def entry_version(entry: str) -> int:
@@ -205,7 +226,13 @@ class BatchStore:
             return Claim(kind="busy", busy_ms=max(int(reply[1]), 0))
         if reply[0] != "ok":
             return Claim(kind=reply[0])
-        return Claim(kind="ok", state=with_messages(reply[1], reply[3], reply[6]),
+        kind, damage = "ok", ""
+        try:
+            state = with_messages(reply[1], reply[3], reply[6])
+        except Exception as exc:  # any parse failure: the agent cannot run
+            kind, damage, state = "damaged", damage_reason(exc), placeholder_state(index,
+                                                                                   reply[1])
+        return Claim(kind=kind, state=state, damage=damage,
                      cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
                      aimd_limit=int(reply[5]), listed=len(reply[3]),
                      slots_held=int(reply[7]))
@@ -314,28 +341,52 @@ class BatchStore:
         raw = await self.r.hgetall(self.k.tool_results(index, version))
         return {cid: ToolOutcome.model_validate_json(v) for cid, v in raw.items()}
 
-    async def inspect(self, index: int) -> tuple[AgentState | None, bool, bool]:
-        """(current state, lease held, current version started) for the recovery sweep."""
+    async def inspect(self, index: int) -> Inspection:
+        """What the recovery sweep needs of one agent. An entry that does not parse is
+        reported (``damage``), not raised: it must not stop the sweep of the others."""
         k = self.k
         async with self.r.pipeline(transaction=False) as p:
             p.hget(k.state, index)
             p.exists(k.lease(index))
             p.zscore(k.watch, k.member(index))
-            entry, leased, score = await p.execute()
-        state = entry_state(entry) if entry else None
-        return state, bool(leased), state is not None and started(score)
+            p.hget(k.resends, deferral_field(index))
+            entry, leased, score, deferred_at = await p.execute()
+        seen = None if score is None else int(score)
+        if not entry:
+            return Inspection(None, bool(leased), False, seen, False)
+        try:
+            state = entry_state(entry)
+        except Exception as exc:  # any parse failure: the agent cannot run
+            return Inspection(None, bool(leased), started(score), seen, False,
+                              damage=damage_reason(exc), entry=entry)
+        return Inspection(state, bool(leased), started(score), seen,
+                          deferred_at == str(state.version))
+
+    async def defer(self, indices: Sequence[int], later_ms: int) -> list[int]:
+        """Let never-started agents wait on a busy queue once per version: each not yet
+        deferred at its current version gets its deadline moved to ``later_ms``; returns
+        the others (deferred once already, gone or unreadable), which the sweep looks at
+        itself. One script call for all of them (``defer.lua``)."""
+        k = self.k
+        return [int(i) for i in await self.s.defer(
+            keys=[k.state, k.resends, k.watch],
+            args=[deadline_score(later_ms, started=False), self.batch_id, *indices])]
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
-                     recheck_ms: int, max_resends: int, audit: bool = False) -> int:
+                     recheck_ms: int, max_resends: int, audit: bool = False,
+                     seen_score: int | None = None) -> int:
         """Push a lost agent's task messages, count the re-send and move its deadline, in one
-        script. Returns -1 (moved on or leased: nothing sent), -2 (``max_resends`` reached:
-        nothing sent) or the number of re-sends at this version."""
+        script. ``seen_score``: the deadline the sweep read; a sweep whose pass overlapped
+        another's (its lock lapsed) finds it moved and sends nothing. Returns -1 (moved on,
+        leased, or its deadline moved: nothing sent), -2 (``max_resends`` reached: nothing
+        sent) or the number of re-sends at this version."""
         k = self.k
         return int(await self.s.resend(
             keys=[k.state, k.lease(state.index), k.watch, k.resends, k.meta, k.audit,
                   *(key for key, _ in enqueue)],
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
                   "1" if audit else "0", k.member(state.index),
+                  "" if seen_score is None else seen_score,
                   *(payload for _, payload in enqueue)],
         ))
 

@@ -16,7 +16,8 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "lock_renew",
          "tool_finish",
          "sem_throttle", "sem_success",
-         "note", "sem_renew", "rate_take", "cancel", "submit")
+         "note", "sem_renew", "rate_take", "defer",
+         "cancel", "submit")
 
 
 @cache
@@ -49,4 +50,5 @@ class Scripts:
     lock_renew: Any
     note: Any
     submit: Any
+    defer: Any
     cancel: Any

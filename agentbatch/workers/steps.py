@@ -139,6 +139,22 @@ async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int, version:
         task.cancel()
 
 
+async def end_damaged(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, reason: str,
+                      token: str = "", slot_key: str = "") -> None:
+    """End an agent whose stored state cannot be read (``state``: its placeholder) with kind
+    ``internal``: it would fail the same way on every worker, for ever, and hold its batch
+    open. The claim that found it (``token``, ``slot_key``) or the sweep commits the end."""
+    log.error("agent %s of batch %s: %s", state.index, loaded.plan.batch_id, reason)
+    await ctx.note(loaded.plan.batch_id, "damaged_state")
+    if state.terminal:  # it ended already (its result was delivered): only let it go
+        if token:
+            await loaded.store.release(state.index, token, slot_key or None)
+        await loaded.store.unwatch(state.index)
+        return
+    await commit(ctx, loaded, state, step(loaded.policy, state, Abandoned("internal", reason)),
+                 token, slot_key, logged=True)
+
+
 async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
                    version: int) -> list[Followup]:
     """Claim (lease, state, conversation and, when the server admits calls, the inference
@@ -162,13 +178,16 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
         # agent at lease expiry without waiting for the sweep.
         await ctx.note(batch_id, "requeued_busy")
         return [turn_again(batch_id, index, version, claim.busy_ms)]
-    if claim.kind != "ok" or claim.state is None:
+    if claim.kind not in ("ok", "damaged") or claim.state is None:
         await ctx.note(batch_id, f"dropped_{claim.kind}")
         return []
     if sem is not None and ask is not None:
         sem.claimed(claim.aimd_limit)
     slot_key = sem.key if sem is not None else ""
     state = claim.state
+    if claim.kind == "damaged":
+        await end_damaged(ctx, loaded, state, claim.damage, token, slot_key)
+        return []
     try:
         event = await _turn_event(ctx, loaded, state, token, claim)
         new = advance(loaded, state, event)

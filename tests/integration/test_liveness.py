@@ -138,12 +138,14 @@ def test_a_busy_claim_is_requeued_not_dropped(redis_url, sim_url, start_workers)
 
 def test_the_sweep_does_not_resend_work_that_is_only_queued(redis_url, sim_url,
                                                            start_workers, monkeypatch):
-    monkeypatch.setenv("AGENTBATCH_QUEUE_GRACE_S", "2")  # the submitter's first deadlines
+    monkeypatch.setenv("AGENTBATCH_QUEUE_GRACE_S", "4")  # the submitter's first deadlines
     # Only a tools worker: it runs the sweep, nothing consumes the inference queue.
-    start_workers(1, queues="tools", concurrency=2, env={"AGENTBATCH_QUEUE_GRACE_S": "2"})
+    start_workers(1, queues="tools", concurrency=2, env={"AGENTBATCH_QUEUE_GRACE_S": "4"})
     handle = _submit(redis_url, sim_url, "Agent {i}.", [{"i": i} for i in range(200)])
     client = redis.from_url(redis_url)
-    deadline = time.monotonic() + 10  # > 4 x the 2 s queue grace
+    # 2 graces: the sweep's first look (at 1 grace) lets them wait; the bound on a busy
+    # queue (sweep.QUEUED_GRACES = 3 graces after submit) re-sends them only later
+    deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         assert _queued(client, INFERENCE_QUEUE) == 200
         time.sleep(0.5)
