@@ -58,9 +58,9 @@ class WorkerSettings:
     """How long a turn's lease lives without renewal; a dead worker's agent resumes after it."""
     queue_grace_s: float = 30.0
     """How long after a commit the sweep first checks an agent whose next task has not
-    started: it re-sends only if that task's queue is empty (the message is gone), else it
-    looks again after another grace. A started turn or tool call is recovered at lease expiry
-    instead."""
+    started: it re-sends if that task's queue is empty (the message is gone), else it lets
+    it wait once more, and re-sends at the latest ``sweep.QUEUED_GRACES`` (3) graces after
+    the commit. A started turn or tool call is recovered at lease expiry instead."""
     max_resends: int = 8
     """Re-sends of one agent at one version without progress before it is ended with an
     ``internal`` error: no fault or bug loops the fleet on one agent forever."""
