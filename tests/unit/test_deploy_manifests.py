@@ -491,6 +491,23 @@ def test_the_acl_template_has_each_role_least_privilege_and_k8s_carries_it_verba
     assert data["render-redis-acl.sh"] == (DEPLOY / "render-redis-acl.sh").read_text()
 
 
+def test_the_submitter_pushes_only_and_the_worker_cannot_publish_remote_control():
+    """Issue 21, items 9 and 14, in the template: the submitter's root rules read only; each
+    write command it has is tied to its keys by a selector (queues: LPUSH; batch keys:
+    RENAMENX); the worker may not PUBLISH on the pidbox channel."""
+    submitter = acl_rules()["agentbatch-submitter"]
+    root, *selectors = submitter.split(" (")
+    assert "%R~ab:*" in root.split() and "~ab:*" not in root.split()
+    assert not {"+@write", "+@keyspace", "+@all", "+set", "+del", "+eval"} & set(root.split())
+    queues = next(s for s in selectors if "inference*" in s)
+    assert queues.rstrip(")").split() == ["%W~inference*", "%W~tools*", "+lpush"]
+    batch = next(s for s in selectors if "~ab:{*}:plan" in s)
+    assert [w for w in batch.rstrip(")").split() if w.startswith("+")] == ["+renamenx"]
+    worker = acl_rules()["agentbatch-worker"]
+    root, *selectors = worker.split(" (")
+    assert " -publish " in f" {root} " and all("pidbox" not in s for s in selectors)
+
+
 def test_redis_loads_the_acl_file_with_a_password_for_each_role():
     redis_svc = compose()["services"]["redis"]
     assert "../deploy/redis-users.acl:/usr/local/etc/redis/users.acl.template:ro" \
