@@ -146,6 +146,7 @@ class ToolOutcome(BaseModel):
     ok: bool = True
     cached: bool = False  # served from the result cache (no execution)
     coalesced: bool = False  # shared the execution of an identical concurrent call
+    lock_lost: bool = False  # the call's lock was lost while it ran: it ran twice, or may have
 
     def to_message(self) -> Message:
         return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}

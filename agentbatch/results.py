@@ -29,6 +29,9 @@ class ToolCallRecord(BaseModel):
     ok: bool = True
     cached: bool = False
     coalesced: bool = False
+    # The worker whose outcome this is lost the call's lock while the tool ran: another
+    # worker took the call over and ran it too (at-least-once; see ``ToolContext``).
+    lock_lost: bool = False
 
 
 class AgentResult(BaseModel):

@@ -257,7 +257,7 @@ def _tools_finished(policy: TurnPolicy, state: AgentState, event: ToolsFinished)
     outcomes = [o for _, o in answered]
     records = [
         ToolCallRecord(turn=state.steps, name=c.name, arguments=c.arguments, ok=o.ok,
-                       cached=o.cached, coalesced=o.coalesced)
+                       cached=o.cached, coalesced=o.coalesced, lock_lost=o.lock_lost)
         for c, o in answered
     ]
     return _bump(

@@ -60,7 +60,9 @@ class WorkerContext:
         self.redis = async_client(settings.redis_url)
         self.scripts = Scripts(self.redis)
         self.hub = NoteHub(self.redis, TOOL_DONE_CHANNEL)
-        self.coalescer = RedisCoalescer(self.redis, self.scripts, self.hub)
+        # a shared call's lock lives as long as a turn's lease (a tool's lock_ttl overrides)
+        self.coalescer = RedisCoalescer(self.redis, self.scripts, self.hub,
+                                        lock_ttl_ms=settings.lease_ttl_ms)
         self.cache = RedisResultCache(self.redis)
         self.stats: Counter[str] = Counter()
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()

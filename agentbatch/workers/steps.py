@@ -247,12 +247,33 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
 
 def call_lock_ttl_ms(ctx: WorkerContext, tool: Tool | None) -> int:
     """How long an unshared call's lock outlives a worker that stopped renewing it: the tool's
-    ``lock_ttl``, else the pool default (0: the tool shares calls and coalesces on its own)."""
+    ``lock_ttl``, else the lease (0: the tool shares calls and coalesces on its own). Not
+    the pool's 30 s default: with a 3 s lease that was most of the 31 s before a killed
+    tool worker's call ran again; the renewal keeps a live worker's lock whatever its TTL."""
     if tool is None or tool.shares_calls:
         return 0
     if tool.lock_ttl is None:
-        return ctx.coalescer.lock_ttl_ms
+        return ctx.settings.lease_ttl_ms
     return max(int(tool.lock_ttl * 1000), 1)
+
+
+async def lock_kept(ctx: WorkerContext, batch_id: str, index: int, lease: RedisLease) -> bool:
+    """Whether the call's lock was still ours when the tool returned (asked once, after it:
+    the renewer is cancelled on return, before it would notice). A lost lock means another
+    worker took the call over and may have run it too: counted (``stat:tool_lock_lost``),
+    logged at ERROR, and the caller marks the outcome, so the agent's result shows it."""
+    if not lease.lost:
+        try:
+            await lease.still_held()
+        except Exception:  # Redis unreachable: the commit that follows fails too
+            log.debug("could not check tool lock %s", lease.lock, exc_info=True)
+    if not lease.lost:
+        return True
+    log.error("tool call %s of agent %s (batch %s): the call's lock was lost while it ran "
+              "(fencing token %d); another worker took it over and may have run it too",
+              lease.lock, index, batch_id, lease.fencing_token)
+    await ctx.note(batch_id, "tool_lock_lost")
+    return False
 
 
 async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
@@ -301,6 +322,9 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
             outcome = await rt.tools.run(call, context.under(lease) if lease else context,
                                          timeout=loaded.plan.timeout_per_tool)
         ctx.stats["tool_calls"] += 1
+        if lease is not None and not await lock_kept(ctx, batch_id, index, lease):
+            outcome = outcome.model_copy(update={"lock_lost": True})
+            lock = ""  # the lock is another worker's now: not ours to drop
         if len(state.pending_calls) == 1:
             # A round of one call needs no fan-in: the commit's compare-and-set alone makes
             # its outcome count once (a duplicate delivery finds the agent moved on).
