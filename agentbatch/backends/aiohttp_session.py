@@ -1,9 +1,9 @@
 """The same session interface as ``HttpSession``, over aiohttp, for high-concurrency backends.
 
-Measured on this project's simulator (benchmarks/results/http_clients.json): with 200
-requests in flight, httpx's connection pool costs ~15 ms of CPU per request and aiohttp
-~0.5 ms. An inference backend serves hundreds of concurrent agent turns, so the
-OpenAI-compatible driver uses this session; httpx stays where concurrency is low.
+With hundreds of requests in flight httpx's connection pool costs far more CPU per request
+than aiohttp (the numbers: docs/design-notes.md, from benchmarks/results/http_clients.json).
+An inference backend serves hundreds of concurrent agent turns, so the OpenAI-compatible
+driver uses this session by default; httpx stays where concurrency is low.
 """
 
 from __future__ import annotations

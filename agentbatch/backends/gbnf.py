@@ -1,20 +1,13 @@
 """A JSON schema as a whitespace-free GBNF grammar, for llama.cpp's ``grammar`` field.
 
-llama.cpp turns a ``response_format`` json_schema into a grammar whose ``space`` rule allows
-``" "`` or up to two newlines and 20 spaces or tabs between every token, and small models use
-it: SmolLM2-135M pretty-prints every reply (``{\\n  "label": "positive", ...``), 20 tokens for
-a two-field object, 43 for one tool call. The same value with no whitespace is about half as
-many tokens, and on a CPU-bound engine generated tokens are the wall time.
-
-``to_gbnf`` covers the schemas agentbatch sends (Pydantic models, the json tool-calling union):
-objects with named properties, strings (length bounds, ``enum``, ``const``), numbers,
-integers, booleans, null, arrays, ``anyOf``/``oneOf`` and local ``$ref``. Anything else
-(``pattern``, ``format``, ``allOf``, ``patternProperties``, free-form objects, ...) raises
-``Unsupported`` so the caller sends the schema itself instead. Two deliberate loosenings, both
-checked after generation anyway: an array's ``maxItems`` above 1 becomes an open repetition
-(llama.cpp expands ``x{0,31}`` into nested optional rules, and with the union schema's
-``maxItems: 32`` generation measured 36 ms/token vs 27 ms/token without it), and
-``additionalProperties`` is never granted (only the listed properties are generated).
+llama.cpp's own grammar for a ``response_format`` json_schema allows whitespace between every
+token, and small models use it; the same value with no whitespace is about half as many
+tokens, and on a CPU-bound engine generated tokens are the wall time. ``to_gbnf`` covers the
+schemas agentbatch sends (objects, strings, numbers, integers, booleans, null, arrays,
+``anyOf``/``oneOf``, local ``$ref``); anything else raises ``Unsupported`` so the caller
+sends the schema itself. Two deliberate loosenings, both checked after generation: an array's
+``maxItems`` above 1 becomes an open repetition, and ``additionalProperties`` is never
+granted. The full list and the measurements: docs/engine-llamacpp.md.
 """
 
 from __future__ import annotations

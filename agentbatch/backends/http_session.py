@@ -1,6 +1,8 @@
 """One pooled, loop-bound httpx client per HTTP backend, and JSON/SSE POSTs mapped to our errors.
 
-Shared by the OpenAI-compatible and Anthropic drivers so both classify failures identically.
+Used by the Anthropic driver, and by the OpenAI-compatible one only when an httpx transport
+is injected (tests, custom routing; its default is ``AiohttpSession``); both sessions map
+failures through ``http_errors``, so every driver classifies them identically.
 The client is created lazily inside the running event loop (and re-created if the backend is
 later used from a different loop), because an httpx client is bound to the loop it first ran
 on. Thousands of concurrent turns ride one pool of HTTP/1.1 keep-alive connections instead of

@@ -1,67 +1,13 @@
 """llama.cpp's ``llama-server`` (``llamacpp://host:port``): OpenAI-compatible, with its own ways.
 
-What differs from vLLM, read from the server's source (tools/server in llama.cpp) and checked
-against a real ``llama-server`` serving SmolLM2-135M:
-
-- ``/metrics`` (only with ``--metrics``) names its queue ``llamacpp:requests_deferred`` (tasks
-  waiting for a free slot) beside ``llamacpp:requests_processing``, and counts prompt tokens
-  reused from its cache (``prompt_tokens_cached_total``) apart from those it computed
-  (``prompt_tokens_total``); ``prom.parse_server_load`` reads both.
-- Guided JSON: chat completions honour ``response_format`` json_schema, but ``/v1/completions``
-  ignores that field and takes a top-level ``json_schema``, so batched prompts carry that.
-- ``tool_choice="required"`` does not force a call on this build: its grammar lets any text
-  come before ``<tool_call>`` (see ``orchestrator/tool_choice.py``), so the capability is
-  declared False and a native "required" batch is refused at submit.
-- The chat template is the server's (``/apply-template``), used to render batched prompts.
-- ``GET /props`` says it is llama.cpp (``total_slots``, ``build_info``); ``preflight`` refuses
-  a ``llamacpp://`` URL whose server does not answer it, naming what did answer.
-
-``slot_affinity=True`` sends ``id_slot`` (the agent's index modulo ``total_slots``), pinning
-each agent to one slot, where its own conversation stays cached between turns. It is off by
-default: on 40 single-turn structured agents (SmolLM2-135M, 4 slots, 2 shared cores) it saved
-no prompt tokens (2607-2613 computed vs 2595-2605) and the wall time moved within run-to-run
-noise (median 33.8 s vs 36.4 s in one set of rounds, 37.2 s vs 35.8 s in another), while a
-pinned request waits for its slot even when others are idle. ``cache_prompt`` is sent but is
-llama.cpp's default anyway.
-
-Compact JSON (``compact_json=True``, the default): a JSON schema is sent as a whitespace-free
-GBNF ``grammar`` (``gbnf.to_gbnf``) instead of ``response_format``, whose grammar lets the
-model pretty-print (SmolLM2-135M does: 20 tokens for a two-field object, 43 for one tool call).
-A schema ``to_gbnf`` cannot translate goes as ``response_format``, as before.
-
-Jump-forward (``jump_forward=True``, the default with compact JSON): the text every valid
-reply starts with (``gbnf.split_gbnf``: ``{"label":"`` for a verdict, the whole
-``{"tool_calls":[{"name":"price","arguments":{"item":"`` when a call to the only tool is
-required) goes as a prefilled assistant turn; llama-server continues it under the grammar for
-the rest and returns the whole reply, so those tokens are read as prompt (batched) instead of
-decoded one step each. Starts shorter than ``MIN_PREFILL_CHARS`` (``{"``) are not worth a
-prefill, and a start that a free string would follow is not prefilled at all: SmolLM2 then
-lost the thread (``gbnf.split_gbnf``). Measured on the real engine: 12 replies over six schema
-shapes decoded 253 tokens vs 517 (tests/engine/test_jump_forward.py), all valid.
-
-The embedded engine keeps at most ``total_slots`` turns in flight (``inflight_hint``), so its
-near-done-first order, not llama.cpp's first-come queue, picks the turn that gets a free slot.
-
-Turns are streamed by default (``?stream=0`` turns it off), unlike on the other schemes:
-SmolLM2 under a grammar often writes one string on and on until ``max_tokens``, and only a
-streamed reply can be stopped there (``loop_guard.py``; llama-server stops generating when
-the client goes away). It pays where replies run away: on ``bench_engine``'s tools workload
-with a free-string tool argument it generated 37% fewer tokens (2955 vs 4654) in 0.80x the
-wall time of the same turns unstreamed (an earlier session's run). With the workload's
-argument now an ``enum`` (``benchmarks/results/engine.json``), runaways are rare and the two
-are even (41.1 vs 39.5 s median, 1,071 vs 1,075 tokens generated), for ~4.8 ms of client CPU
-per turn instead of ~1.8.
-Streamed connections are not reused: this build's stream provider returns false after the last
-chunk, which cpp-httplib takes as a cancelled write, so it closes the connection without a
-``Connection: close`` header. A client that pools it races that close: 2-5 of 60 streamed
-turns from 4 concurrent callers failed on the next request (``ServerDisconnectedError``, "Can
-not write request body"), and 10 in a 20-agent demo run, one agent ending
-``backend_unavailable`` after 3 such attempts. So a streamed request says ``Connection:
-close`` (0 of 60 failed; tests/engine/test_stream_connections.py); plain requests keep their
-connections.
-Each streamed turn's time to first token (``ModelResponse.ttft_s``) is handed to the
-``ON_TTFT`` listener set in the caller's context (``observe_ttft``), so a benchmark can report
-TTFT percentiles without reaching into the orchestrator.
+It checks ``GET /props`` (a server that is not llama.cpp is refused, naming what answered),
+renders batched prompts with the server's template (``/apply-template``), sends a JSON schema
+as a whitespace-free GBNF ``grammar`` with the reply's forced start prefilled
+(``compact_json``, ``jump_forward``), streams turns by default so ``loop_guard`` can stop a
+runaway reply (a streamed request says ``Connection: close``: the server drops it anyway),
+keeps the embedded engine's turns in flight to ``total_slots`` (``inflight_hint``), and can
+pin an agent to a slot (``slot_affinity``, off). ``tool_choice="required"`` is not enforced
+here. Why each default, with the measurements: docs/engine-llamacpp.md.
 """
 
 from __future__ import annotations
@@ -274,8 +220,8 @@ class LlamaCppBackend(OpenAICompatBackend):
 
     def _extra_headers(self, request: ModelRequest) -> dict[str, str]:
         """A streamed turn asks for its connection to be closed after it: llama-server drops
-        it anyway, without saying so (module docstring), and a pooled one fails the next
-        request sent on it."""
+        it anyway, without saying so (docs/engine-llamacpp.md), and a pooled one fails the
+        next request sent on it."""
         return {"Connection": "close"} if self.stream else {}
 
     def _extra_body(self, request: ModelRequest) -> dict[str, Any]:

@@ -1,12 +1,10 @@
 """Stop a streamed JSON reply whose string value has fallen into a loop.
 
 Under a grammar, a small model sometimes repeats one short unit inside a string until
-``max_tokens`` ("toaster_1009_ticket_1009_ticket_1009...", "...12345678901234567890...",
-".description.description..."). On llama-server with SmolLM2-135M (issue 9), 11 of 40 turns
-of the tools workload did, each to the 96-token limit. Such a reply is cut off anyway, and the
-turn machine answers it with a repair turn; reading it to the end only pays for tokens nobody
-uses. Closing the stream stops the generation: llama-server cancels a request whose client
-went away (21 tokens generated of 400 asked, when the client stopped reading at the 20th).
+``max_tokens`` ("toaster_1009_ticket_1009_ticket_1009..."). Such a reply is cut off anyway,
+and the turn machine answers it with a repair turn; reading it to the end only pays for
+tokens nobody uses. Closing the stream stops the generation (llama-server cancels a request
+whose client went away). How often it happened: docs/engine-llamacpp.md.
 
 Only text inside a JSON string is watched, so a list of equal items (``[0,0,0,...]``), which
 ``maxItems`` and the schema bound, is never taken for a loop.

@@ -4,8 +4,8 @@ Anthropic Messages and Bedrock Converse both want: the system prompt apart, stri
 alternating user/assistant turns, tool calls and results as typed blocks, tool results as
 *user* content (first in their turn), and no blank text block anywhere -- Bedrock rejects a
 whitespace-only text block with a ``ValidationException`` that then fails every replay of the
-conversation (the predecessor hit exactly that). This module does all of that once; each
-driver only renders the neutral blocks into its wire format.
+conversation. This module does all of that once; each driver only renders the neutral blocks
+into its wire format.
 
 Rules: leading system messages form the system prompt; a system message later in the
 conversation becomes user text (moving it would change the cached prefix); adjacent turns of

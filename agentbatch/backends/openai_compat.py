@@ -1,8 +1,9 @@
 """The OpenAI-compatible chat-completions backend (vLLM, SGLang, Dynamo, the simulator, OpenAI).
 
-One pooled HTTP client per backend (``HttpSession``) is shared by every agent. Non-streaming
-requests keep the hot path simple; ``stream=True`` trades a little parsing for a measured
-time-to-first-token and tool calls that can start before the reply ends (``sse.py``). The total
+One pooled HTTP session per backend is shared by every agent: ``AiohttpSession`` by default,
+``HttpSession`` (httpx) when a ``transport`` is injected. Non-streaming requests keep the
+hot path simple; ``stream=True`` trades a little parsing for a measured time-to-first-token
+and tool calls that can start before the reply ends (``sse.py``). The total
 per-turn deadline is enforced around the whole exchange, not just per socket read.
 ``complete_batch`` sends many single-shot prompts as one ``/v1/completions`` call.
 """

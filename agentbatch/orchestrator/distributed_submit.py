@@ -1,31 +1,13 @@
 """Submit a compiled batch to Redis + Celery, or re-attach to one.
 
-A batch is written in three steps, so that no single Redis command blocks the server for
-long (one MULTI/EXEC of every agent blocked every other client, every worker's commit
-included, for tens of ms at 20k agents: ``benchmarks/bench_scale.py``), and so that a submit
-cut short never leaves a half batch that workers run or the sweep watches:
-
-1. **Stage** the agents (``state`` and ``watch`` entries) in chunks of at most
-   ``CHUNK_ENTRIES`` agents / ``CHUNK_BYTES`` bytes per command, pipelined without MULTI,
-   with ``plan`` and ``meta``. Every key is staged under a name of this submit's own
-   (``BatchKeys.staged``), so no worker or sweep sees it. Each chunk renews a
-   ``STAGING_TTL_MS`` expiry on them, so a submitter that dies mid-way leaves nothing behind
-   for long. The staged deadlines lie beyond that expiry, so the sweep never finds one due
-   while its batch is still being staged.
-2. **Commit** in one O(1) script (``submit.lua``): refused when any key of the batch exists
-   or the staged state does not hold every agent (it expired or was touched); else PERSIST
-   and RENAMENX the staged keys into place and add the batch to ``ab:batches``. From here on
-   the batch exists and runs whole. RENAMENX is the only way the submitter's Redis user may
-   write a batch's keys (``deploy/redis-users.acl``): it creates batches and can never
-   rewrite another's. The deadlines are then brought forward to one queue grace.
-3. **Enqueue** one turn task per agent, in chunked LPUSHes. If this is cut short, the batch
-   is already complete in Redis and the recovery sweep sends the missing turns once their
-   progress deadline passes; the submitter logs it.
-
-A failure in step 1 or 2 unlinks the staged keys (UNLINK frees in the background, and is
-allowed under Redis OOM) and raises an error naming the batch; if even that fails, the
-staging TTL removes them. Its staged deadlines stay until due, when the sweep drops them
-(the batch has no keys): the submitter's user may add deadlines, never remove one.
+A batch is written in three steps, so that no single Redis command blocks the server for long
+and a submit cut short never leaves a half batch that workers run or the sweep watches:
+1. **Stage** agents, ``plan`` and ``meta`` in chunks under this submit's own names
+   (``BatchKeys.staged``, expiring after ``STAGING_TTL_MS``), deadlines beyond that expiry;
+2. **Commit** in one O(1) script (``submit.lua``: RENAMENX into place, never over an existing
+   key; add to ``ab:batches``), then bring the deadlines forward to one queue grace;
+3. **Enqueue** one turn task per agent in chunked LPUSHes (the sweep sends any left unsent).
+A failure in step 1 or 2 removes the staged keys. In full: docs/distributed-turn.md.
 """
 
 from __future__ import annotations

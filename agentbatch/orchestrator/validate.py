@@ -2,8 +2,8 @@
 
 Both engines call ``check_options`` and ``check_inputs`` first (from ``compile_batch``). Each
 failure is a ``BatchSpecError`` that names the parameter, and the input index where one
-applies. A value that slipped through used to fail later, once per agent (an infinite timeout
-ended every agent with ``internal OverflowError``) or as a raw ``TypeError``.
+applies. A value that slips through would fail later, once per agent, or as a raw
+``TypeError`` (docs/design-notes.md).
 """
 
 from __future__ import annotations

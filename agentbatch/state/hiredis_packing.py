@@ -1,9 +1,9 @@
 """Commands packed by hiredis on redis-py's asyncio connections.
 
 redis-py packs a command with hiredis on its sync connections but in pure Python on its
-asyncio ones, and every worker step is an EVALSHA of some 20-40 arguments (``commit.lua``):
-in a profiled inference worker the pure-Python packer and its encoder were ~5% of the CPU.
-These connection classes use the sync client's own hiredis serializer instead.
+asyncio ones, and every worker step is an EVALSHA with many arguments, so the pure-Python
+packer shows in a worker's profile (docs/design-notes.md). These connection classes use the
+sync client's own hiredis serializer instead.
 """
 
 from __future__ import annotations

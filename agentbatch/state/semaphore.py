@@ -1,43 +1,13 @@
 """A fleet-wide cap on in-flight inference requests per backend, with fleet-wide AIMD.
 
-Holders are members of a sorted set scored by expiry, renewed while the call runs; a killed
-worker's slot frees itself when its score passes. Waiting backs off with jitter up to a short
-cap: slots turn over every few hundred milliseconds, so polling stays cheap and fair enough.
-
-Hosted APIs throttle per account, not per worker, so the AIMD limit is shared too: it lives in
-the ``<sem key>:aimd`` hash (``limit``, ``last_throttle_ms``, ``last_decrease_ms``,
-``last_increase_ms``) and the effective cap is ``min(limit, aimd limit)``. A throttle seen by
-any worker halves it for all (at most once per ``cooldown_ms``: a burst of 429s is one
-signal); after ``quiet_ms`` without throttles or increases, a success adds one slot back.
-Every time is Redis's own (``TIME`` inside the scripts), never a worker's wall clock: holders
-and throttles written by one worker are compared by another, and a worker whose clock ran 31 s
-ahead used to evict every live holder. ``clock`` is a test hook for the AIMD scripts only
-(cooldown and quiet periods); slot expiry always uses Redis time. Each write
-to the hash sets it to expire ``idle_ms`` (10 minutes) later: once the fleet has been idle that
-long, old throttles are forgotten and a new batch starts at the configured limit, not at a
-limit a burst of 429s left behind hours ago.
-
-Waiting for a slot is bounded like every wait of a turn: by the turn's deadline (then
-``ServerBusy``, retryable) and by the batch's cancel flag (then ``BatchCancelled``).
-
-Waiters queue in Redis (``<sem key>:wait``, ranked by priority, then first try): a freed slot
-goes to the request with the fewest turns left, as in the embedded engine's
-``PrioritySlots``, not to whichever poll lands first. On a llama.cpp server whose slot count
-caps the fleet this is what keeps an agent's next turn ahead of other agents' first turns:
-llama.cpp moves a saved conversation out of its prompt cache into the slot of the next
-request that shares a longer prefix with it, so first turns queued ahead of an agent's next
-turn took its conversation and overwrote it (bench_engine, distributed, tools: 2 of 40
-agents found their first turn cached). A release is announced on ``<sem key>:freed``; the
-workers' waiters (``woken=True``) sleep until then (those far back let several releases go
-by) and ask again at least every ``WOKEN_POLL_S``. Without that, the first waiters poll
-every few ms and the rest back off. The order is strict, as in the embedded engine and
-Celery's priorities: a turn with more turns left waits while nearer-done turns keep coming,
-bounded by the turn's deadline.
-
-A holder that loses its slot (expired while its renewer was starved, evicted, deleted) learns
-it: the renewer finds it gone, sets ``Slot.lost``, counts it in ``lost`` and logs a warning,
-then re-admits it as soon as the fleet has a free slot again (``Slot.readmitted``). It never
-takes a slot back past the limit.
+Holders are members of a sorted set scored by expiry in Redis's own time, renewed while the
+call runs, so a killed worker's slot frees itself. The AIMD limit is shared (``<sem key>:aimd``)
+because hosted APIs throttle per account, not per worker. Waiters queue in ``<sem key>:wait``
+by priority, then first try, so a freed slot goes to the request with the fewest turns left
+(as the embedded engine's ``PrioritySlots``); ``<sem key>:freed`` wakes them. A wait ends at
+the turn's deadline (``ServerBusy``) or on cancel (``BatchCancelled``); a holder that finds
+its slot gone is marked ``Slot.lost`` and re-admitted within the limit. The details and the
+incidents behind them: docs/design-notes.md.
 """
 
 from __future__ import annotations

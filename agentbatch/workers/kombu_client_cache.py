@@ -1,11 +1,11 @@
 """Reuse one synchronous Redis client per kombu channel.
 
 kombu's Redis channel builds a new ``redis.Redis`` object (around the same connection pool)
-for every ack and publish made while its main connection is blocked in BRPOP. With redis-py
-8 each construction copies the response-callback table, about 0.4 ms of CPU, once or twice
-per task. A redis-py client is thread-safe (each command checks a connection out of the
-pool), so one cached client per channel is equivalent and removes that cost. Applied only in
-worker processes; measured in benchmarks/results/distributed_1000.json.
+for every ack and publish made while its main connection is blocked in BRPOP, and with
+redis-py 8 each construction copies the response-callback table. A redis-py client is
+thread-safe (each command checks a connection out of the pool), so one cached client per
+channel is equivalent and removes that cost. Applied only in worker processes; the cost
+measured: docs/design-notes.md.
 """
 
 from __future__ import annotations

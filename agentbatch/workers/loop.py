@@ -1,6 +1,6 @@
 """One asyncio loop per worker process, fed by Celery's task threads.
 
-Celery tasks are synchronous; the inference and tool IO underneath is async (httpx,
+Celery tasks are synchronous; the inference and tool IO underneath is async (aiohttp or httpx,
 redis.asyncio). Each process runs a single loop in a daemon thread and task threads submit
 coroutines to it, so thousands of in-flight calls share one loop and one connection pool.
 """

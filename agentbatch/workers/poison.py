@@ -1,29 +1,13 @@
 """Poison queue messages: refuse them where they are read, dead-letter them, keep consuming.
 
-Celery 5.7 / kombu 5.7 stop the whole worker on three kinds of bad queue item (issue 11):
-
-- kombu's Redis channel ``json.loads`` the raw BRPOP item inside ``_brpop_read``; a non-JSON
-  item (or a JSON value that is not an envelope dict) raises out of the event loop, and Celery
-  stops with "Unrecoverable error". The item was already popped, so it kills one worker each.
-- ``Channel.Message`` inflates a body with a ``compression`` header before any check, so a
-  small gzip "bomb" becomes gigabytes in the consumer.
-- Celery's consumer only guards ``DecodeError``/``InvalidTaskError`` around the strategy. A
-  protocol-2 body that decodes but is not ``[args, kwargs, embed]`` (``[]``) raises
-  ``ValueError`` in ``Request.__init__``; the worker stops, kombu restores the unacked message,
-  and the next worker dies on it too.
-- kombu's ``Message()`` (``body_encoding`` ``"bogus"`` or ``7``) and its Redis QoS (no
-  ``delivery_info.routing_key``, a list as ``delivery_tag``) raise inside ``_deliver``, outside
-  any handler: "Unrecoverable error", rc 0, no dead letter (issue 21 item 5). ``check_raw``
-  refuses these, and :class:`GuardedMessage` dead-letters anything else the build raises.
-
-Two guards, both installed only in worker processes, by :class:`Consumer` (Celery's
-``worker_consumer`` setting): a check of each raw item in the channel's BRPOP read, before
-kombu builds a message (not JSON, not an envelope, compressed: agentbatch never compresses),
-and a check in the consumer's task handler of the protocol-2 contract (headers, decodable
-``[args, kwargs, embed]`` body), plus a catch-all for anything else Celery raises while
-accepting a message. A refused message goes to the dead-letter list, is logged once, and is
-acked; the worker goes on. Connection and channel errors still propagate, so Celery's own
-reconnect logic is unchanged.
+Celery 5.7 / kombu 5.7 stop the whole worker on several kinds of bad queue item (the cases:
+docs/design-notes.md). Two guards, both installed only in worker processes by
+:class:`Consumer` (Celery's ``worker_consumer`` setting): ``check_raw`` on each raw item in
+the channel's BRPOP read, before kombu builds a message (not JSON, not an envelope,
+compressed: agentbatch never compresses), and a check in the consumer's task handler of the
+protocol-2 contract, plus :class:`GuardedMessage`'s catch-all for anything else Celery raises
+while accepting a message. A refused message goes to the dead-letter list, is logged once,
+and is acked; the worker goes on. Connection and channel errors still propagate.
 """
 
 from __future__ import annotations

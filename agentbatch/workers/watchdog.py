@@ -1,27 +1,13 @@
 """Notice a Celery consumer that stopped consuming, and restart this worker in place.
 
 After a broker reconnect, a Celery worker on Redis can stay connected yet never fetch again
-(celery#8030, #10205, #10302). Seen here after a Redis restart: tasks waited on the queue
-while both workers sat idle.
-
-*Stalled* means: this worker has a free slot, its queues hold messages, and nothing has
-reached it since it first saw them waiting (or since its last receipt, if later), for
-``stall_s``. So an idle worker is not stalled the moment work appears, and a full worker is
-never stalled. "Free slot" counts from Celery's own request state
-(``celery.worker.state.reserved_requests``), which the consumer keeps in the parent process
-for every pool; ``task_prerun``/``task_postrun`` fire in the pool's children under prefork,
-so counting with them made a busy prefork worker look idle.
-
-A stalled worker re-executes itself (same pid, same argv): Celery's warm shutdown first (the
-running tasks finish, kombu restores the unacked messages), then ``os.execv`` from an
-``atexit`` hook, as Celery's own SIGHUP restart does. A backstop re-executes after
-``HARD_AFTER_S`` even if the warm shutdown hangs. Why a re-exec and not a consumer restart
-inside the process: the stall lives in Celery/kombu's reconnect state (hub fd registrations,
-QoS, the task consumer), and an in-process restart re-runs the very code path that left it
-stalled on the same objects; a fresh image is what a supervisor restart gives, and it still
-works when the consumer's thread is wedged. It needs no supervisor (a bare `agentbatch
-worker`), and under compose/Kubernetes the container simply keeps running. Versioned state and
-the recovery sweep make the handover safe.
+(celery#8030, #10205, #10302). *Stalled* means: this worker has a free slot (Celery's own
+``reserved_requests``), its queues hold messages, and nothing has reached it for ``stall_s``
+since it first saw them waiting (or since its last receipt, if later). A stalled worker
+re-executes itself (same pid, same argv): Celery's warm shutdown first, then ``os.execv``
+from an ``atexit`` hook, with a backstop after ``HARD_AFTER_S``. Versioned state and the
+recovery sweep make the handover safe. What was seen, and why a re-exec rather than a
+consumer restart: docs/design-notes.md.
 """
 
 from __future__ import annotations
