@@ -10,10 +10,8 @@ that cannot apply to a backend are refused at submit, before anything is sent or
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -32,6 +30,7 @@ from agentbatch.errors import BatchSpecError, ConfigError
 from agentbatch.model_io import ModelRequest
 from agentbatch.orchestrator.compile import compile_batch
 from agentbatch.orchestrator.options import BatchOptions
+from tests.support.http_server import ThreadedServer
 from tests.support.recording_http import RecordingServer
 from tests.support.tools import cached_lookup
 
@@ -93,18 +92,15 @@ def template(messages: list[dict[str, Any]]) -> str:
     return f"<s>{body}<assistant>"
 
 
-class FakeLlamaServer:
+class FakeLlamaServer(ThreadedServer):
     """llama-server's HTTP surface (see the module docstring); records every request."""
 
     def __init__(self, *, metrics: bool = True, deferred: int = 0) -> None:
+        super().__init__(name="fake-llama")
         self.metrics = metrics
         self.deferred = deferred
         self.hits: Counter[str] = Counter()
         self.bodies: dict[str, list[dict[str, Any]]] = {}
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="fake-llama")
 
     @property
     def url(self) -> str:
@@ -199,9 +195,7 @@ class FakeLlamaServer:
         return web.json_response({"object": "list", "data": [
             {"id": "smol", "object": "model", "owned_by": "llamacpp"}]})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/props", self._props)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
@@ -209,24 +203,6 @@ class FakeLlamaServer:
         app.router.add_post("/apply-template", self._apply_template)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = runner.addresses[0][1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-        self._loop.close()
-
-    def __enter__(self) -> FakeLlamaServer:
-        self._thread.start()
-        assert self._ready.wait(30), "fake llama.cpp server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture

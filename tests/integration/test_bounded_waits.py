@@ -4,12 +4,10 @@ stop on SIGTERM. Against a real HTTP server, real redis-server and real worker p
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from aiohttp import web
 
 from agentbatch import submit_batch
 from agentbatch.state.keys import BatchKeys, semaphore
+from tests.support.http_server import ThreadedServer
 
 WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS": "tests.support"}
 _REPLY = {
@@ -30,15 +29,12 @@ _REPLY = {
 }
 
 
-class BusyServer:
+class BusyServer(ThreadedServer):
     """An OpenAI-compatible server whose ``/metrics`` always shows 1000 queued requests."""
 
     def __init__(self) -> None:
+        super().__init__(name="busy-server")
         self.hits: Counter[str] = Counter()
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="busy-server")
 
     async def _chat(self, request: web.Request) -> web.Response:
         self.hits["chat"] += 1
@@ -52,34 +48,15 @@ class BusyServer:
     async def _ok(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
-    def _run(self) -> None:
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._ok)
         app.router.add_get("/v1/models", self._ok)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-        self._loop.close()
 
     @property
     def backend(self) -> str:
         return f"vllm://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> BusyServer:
-        self._thread.start()
-        assert self._ready.wait(30), "busy server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture

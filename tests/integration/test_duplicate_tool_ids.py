@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,20 +19,18 @@ from aiohttp import web
 
 from agentbatch import run_batch, submit_batch, tool
 from agentbatch.model_io import ModelResponse, ToolCall, unique_call_ids
+from tests.support.http_server import ThreadedServer
 from tests.support.tools import Answer, lookup
 
 TASK = "Agent {i}: look up a and b."
 
 
-class ScriptedServer:
+class ScriptedServer(ThreadedServer):
     """An OpenAI-compatible server on a free port, in a thread of this test process."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.second_turns: dict[str, list[dict[str, Any]]] = {}
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
     @property
     def url(self) -> str:
@@ -62,28 +59,8 @@ class ScriptedServer:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1},
         })
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = runner.addresses[0][1]
-        self._runner = runner
-        self._started.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> ScriptedServer:
-        self._thread.start()
-        assert self._started.wait(10), "test server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture

@@ -5,27 +5,24 @@ server that fails (or stalls) every request, on both engines."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
 
 from agentbatch import run_batch
+from tests.support.http_server import ThreadedServer
 
 WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS": "tests.support"}
 
 
-class FailingServer:
+class FailingServer(ThreadedServer):
     """Every ``/v1/chat/completions`` answers 500 (retryable) after ``delay_s``."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
+        super().__init__(name="failing-server")
         self.delay_s = delay_s
         self.chat_requests = 0
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="failing-server")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.chat_requests += 1
@@ -37,28 +34,10 @@ class FailingServer:
     async def _ok(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._ok)
         app.router.add_get("/health", self._ok)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> FailingServer:
-        self._thread.start()
-        assert self._ready.wait(10), "the failing server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     @property
     def backend(self) -> str:

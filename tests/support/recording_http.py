@@ -7,13 +7,12 @@ with ``redirect_to`` set, every request is answered ``307`` to that URL instead.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
+
+from tests.support.http_server import ThreadedServer
 
 
 @dataclass
@@ -29,10 +28,11 @@ class RecordingServer:
     redirect_to: str | None = None
     reply: str = '{"answer": "ok"}'
     requests: list[Recorded] = field(default_factory=list)
-    port: int = 0
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
-    _runner: web.AppRunner | None = None
+    _server: ThreadedServer | None = None
+
+    @property
+    def port(self) -> int:
+        return 0 if self._server is None else self._server.port
 
     @property
     def url(self) -> str:
@@ -67,39 +67,12 @@ class RecordingServer:
         return web.Response(status=404, text=json.dumps({"error": "no such path"}))
 
     def start(self, timeout: float = 30) -> RecordingServer:
-        ready = threading.Event()
-        errors: list[BaseException] = []
+        def routes(app: web.Application) -> None:
+            app.router.add_route("*", "/{tail:.*}", self._handle)
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                app = web.Application()
-                app.router.add_route("*", "/{tail:.*}", self._handle)
-                self._runner = web.AppRunner(app)
-                loop.run_until_complete(self._runner.setup())
-                site = web.TCPSite(self._runner, "127.0.0.1", 0)
-                loop.run_until_complete(site.start())
-                server: Any = site._server
-                self.port = server.sockets[0].getsockname()[1]
-            except BaseException as exc:  # surfaced by start() below
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout):
-            raise TimeoutError("recording server did not start")
-        if errors:
-            raise errors[0]
+        self._server = ThreadedServer(routes, name="recording-server").start(timeout)
         return self
 
     def stop(self, timeout: float = 30) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
+        if self._server is not None:
+            self._server.stop(timeout)
