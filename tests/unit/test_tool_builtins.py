@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from agentbatch.errors import ToolError
 from agentbatch.model_io import ToolCall
@@ -22,6 +21,7 @@ from agentbatch.toolpool import (
     set_web_search_provider,
 )
 from agentbatch.toolpool.builtins import FILE_ROOT_ENV, WEB_SEARCH_PROVIDER_ENV
+from tests.support.http_server import ThreadedServer
 
 CTX = ToolContext.for_call("batch", 0, 0, "c0")
 NO_PROVIDER = (
@@ -183,22 +183,14 @@ async def test_web_search_async_provider_and_env_provider(
 # -- http_get ------------------------------------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path == "/missing":
-            status, body = 404, b"not here"
-        elif self.path == "/big":
-            status, body = 200, b"x" * 5000
-        else:
-            status, body = 200, "héllo wörld".encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
-        pass
+async def _answer(request: web.Request) -> web.Response:
+    if request.path == "/missing":
+        status, body = 404, b"not here"
+    elif request.path == "/big":
+        status, body = 200, b"x" * 5000
+    else:
+        status, body = 200, "héllo wörld".encode()
+    return web.Response(status=status, body=body, content_type="text/plain", charset="utf-8")
 
 
 @pytest.fixture
@@ -214,15 +206,8 @@ def local_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def server(local_only: None) -> Iterator[str]:
     """A tiny HTTP server on 127.0.0.1:<free port>, in a thread."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+    with ThreadedServer(lambda app: app.router.add_get("/{tail:.*}", _answer)) as httpd:
+        yield httpd.http_url
 
 
 async def test_http_get_returns_status_and_text(server: str) -> None:
