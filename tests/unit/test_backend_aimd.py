@@ -10,7 +10,8 @@ from agentbatch.backends.aimd import AdaptiveBackend, AIMDController, ResizableG
 from agentbatch.backends.base import Backend, BackendCapabilities
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
 from agentbatch.errors import BadRequest, RateLimited, ServerError
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.model_io import ModelRequest
+from tests.support.fake_backend import ScriptedBackend
 
 
 class Clock:
@@ -131,40 +132,11 @@ async def test_gate_cancelled_waiter_does_not_leak_a_slot() -> None:
     assert gate.in_use == 1
 
 
-class Scripted(Backend):
-    """A fake backend: pops one outcome per call; counts concurrency."""
-
-    name = "fake"
-    capabilities = BackendCapabilities(max_safe_concurrency=16)
-
-    def __init__(self, outcomes: list[Exception | None], hold: asyncio.Event | None = None):
-        self.outcomes = outcomes
-        self.hold = hold
-        self.calls = 0
-        self.active = 0
-        self.peak = 0
-        self.closed = False
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.calls += 1
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            if self.hold is not None:
-                await self.hold.wait()
-            outcome = self.outcomes.pop(0) if self.outcomes else None
-            if outcome is not None:
-                raise outcome
-            return ModelResponse(text="ok")
-        finally:
-            self.active -= 1
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-    @property
-    def inflight_hint(self) -> int:  # a declared hook: the wrapper forwards it by name
-        return 5
+def scripted(outcomes: list[Exception | None], hold: asyncio.Event | None = None
+             ) -> ScriptedBackend:
+    """A fake backend: one outcome per call; counts concurrency."""
+    return ScriptedBackend(*outcomes, name="fake", hold=hold, inflight_hint=5,
+                           capabilities=BackendCapabilities(max_safe_concurrency=16))
 
 
 REQ = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -172,7 +144,7 @@ REQ = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])
 
 async def test_adaptive_throttle_then_success_via_retrying_backend() -> None:
     clock = Clock()
-    inner = Scripted([RateLimited("429", status=429), RateLimited("429", status=429), None])
+    inner = scripted([RateLimited("429", status=429), RateLimited("429", status=429), None])
     controller = AIMDController(initial=8, clock=clock)
     adaptive = AdaptiveBackend(inner, controller)
     waits: list[float] = []
@@ -195,7 +167,7 @@ async def test_adaptive_other_errors_neither_throttle_nor_succeed() -> None:
     clock = Clock()
     controller = AIMDController(initial=8, quiet_period_s=1.0, clock=clock)
     adaptive = AdaptiveBackend(
-        Scripted([BadRequest("400"), ServerError("500", status=500)]), controller
+        scripted([BadRequest("400"), ServerError("500", status=500)]), controller
     )
     clock.now += 5
     for exc in (BadRequest, ServerError):
@@ -208,7 +180,7 @@ async def test_adaptive_other_errors_neither_throttle_nor_succeed() -> None:
 
 async def test_adaptive_529_overloaded_counts_as_throttle() -> None:
     controller = AIMDController(initial=8, clock=Clock())
-    adaptive = AdaptiveBackend(Scripted([ServerError("overloaded", status=529)]), controller)
+    adaptive = AdaptiveBackend(scripted([ServerError("overloaded", status=529)]), controller)
     with pytest.raises(ServerError):
         await adaptive.complete(REQ)
     assert controller.limit == 4
@@ -216,7 +188,7 @@ async def test_adaptive_529_overloaded_counts_as_throttle() -> None:
 
 async def test_adaptive_gate_bounds_concurrency_and_delegates() -> None:
     hold = asyncio.Event()
-    inner = Scripted([], hold=hold)
+    inner = scripted([], hold=hold)
     adaptive = AdaptiveBackend(inner, AIMDController(initial=3, clock=Clock()))
     tasks = [asyncio.create_task(adaptive.complete(REQ)) for _ in range(10)]
     for _ in range(5):

@@ -17,34 +17,18 @@ from agentbatch.errors import (
     RateLimited,
     ServerError,
 )
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.model_io import ModelRequest
+from tests.support import fake_backend
 
 REQUEST = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])
 
 
-class ScriptedBackend(Backend):
+class ScriptedBackend(fake_backend.ScriptedBackend):
     """Raises the scripted errors in order, then answers; counts calls."""
 
-    name = "scripted"
-    capabilities = BackendCapabilities(prefix_warming=True, max_safe_concurrency=7)
-
     def __init__(self, *script: BackendError) -> None:
-        self.script = list(script)
-        self.calls = 0
-        self.closed = False
-        self.warmed = 0
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.calls += 1
-        if self.script:
-            raise self.script.pop(0)
-        return ModelResponse(text="ok")
-
-    async def warm(self, request: ModelRequest) -> None:
-        self.warmed += 1
-
-    async def aclose(self) -> None:
-        self.closed = True
+        super().__init__(*script, capabilities=BackendCapabilities(
+            prefix_warming=True, max_safe_concurrency=7))
 
 
 class SleepRecorder:
@@ -166,7 +150,7 @@ async def test_delegation_and_protocol() -> None:
     assert backend.capabilities.max_safe_concurrency == 7
     assert backend.inner is inner
     await backend.warm(REQUEST)  # a declared hook: forwarded by BackendWrapper
-    assert inner.warmed == 1
+    assert len(inner.warmed) == 1
     with pytest.raises(AttributeError):
         _ = backend.script  # not a hook: no pass-through of the inner's attributes
     await backend.aclose()

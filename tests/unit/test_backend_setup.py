@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from agentbatch.backends.aimd import AdaptiveBackend
-from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
+from agentbatch.backends.base import Backend, ServerLoad
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.pool import EndpointPool, parse_hostfile
 from agentbatch.backends.retry import RetryingBackend
 from agentbatch.backends.setup import endpoints, expand_backend_urls, inflight_hint, open_backend
 from agentbatch.errors import BackendUnavailable, BatchSpecError
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.model_io import ModelRequest
+from tests.support.fake_backend import Outcome, ScriptedBackend
 
 
 def test_self_hosted_is_retrying_over_the_driver() -> None:
@@ -73,30 +74,17 @@ def test_open_backend_expands_hostfiles_into_a_pool(tmp_path: Path) -> None:
     assert pool.capabilities.prefix_warming  # the first endpoint's (vllm)
 
 
-class Fake(Backend):
+class Fake(ScriptedBackend):
+    """Answers its own name; while ``down``, refuses every call."""
+
     def __init__(self, name: str, load: ServerLoad | None = None) -> None:
-        self.name = name
-        self.capabilities = BackendCapabilities()
-        self.load = load
-        self.calls = 0
-        self.closed = False
+        super().__init__(name=name, reply=name, load=load)
         self.down = False
-        self.healthy = True
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.calls += 1
+    def outcome(self, request: ModelRequest) -> Outcome:
         if self.down:
-            raise BackendUnavailable(f"{self.name} refused")
-        return ModelResponse(text=self.name)
-
-    async def health(self) -> bool:
-        return self.healthy
-
-    async def fetch_load(self) -> ServerLoad | None:
-        return self.load
-
-    async def aclose(self) -> None:
-        self.closed = True
+            return BackendUnavailable(f"{self.name} refused")
+        return super().outcome(request)
 
 
 REQ = ModelRequest(model="m", messages=[{"role": "user", "content": "x"}], agent_key="a")

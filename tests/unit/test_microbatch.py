@@ -11,32 +11,29 @@ from typing import Any
 
 import pytest
 
-from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
+from agentbatch.backends.base import BackendCapabilities, ServerLoad
 from agentbatch.backends.microbatch import MicroBatchingBackend, batchable, chatml, group_key
 from agentbatch.errors import BackendTimeout, RateLimited, ServerError
 from agentbatch.model_io import ModelRequest, ModelResponse
+from tests.support.fake_backend import Outcome, ScriptedBackend
 
 LONG = 60.0  # a window no test waits for: flushes come from max_batch or aclose
 
 
-class FakeInner(Backend):
+class FakeInner(ScriptedBackend):
     """Answers ``complete`` with ``chat:<last user text>`` and each batched prompt with
     ``batch:<prompt>``; ``fail_prompt`` marks prompts whose slot gets a ``RateLimited``."""
 
     def __init__(self, *, batch_prompting: bool = True) -> None:
-        self.name = "fake://inner"
-        self.capabilities = BackendCapabilities(batch_prompting=batch_prompting)
-        self.complete_calls: list[ModelRequest] = []
+        super().__init__(name="fake://inner", load=ServerLoad(running=1, waiting=2),
+                         capabilities=BackendCapabilities(batch_prompting=batch_prompting))
+        self.complete_calls = self.requests
         self.batch_calls: list[dict[str, Any]] = []
         self.fail_prompt = "FAIL"
         self.raise_in_batch: BaseException | None = None
-        self.hold: asyncio.Event | None = None
-        self.closed = False
-        self.warmed: list[ModelRequest] = []
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.complete_calls.append(request)
-        return ModelResponse(text="chat:" + request.messages[-1]["content"])
+    def outcome(self, request: ModelRequest) -> Outcome:
+        return "chat:" + request.messages[-1]["content"]
 
     async def complete_batch(self, prompts: list[str], **kwargs: Any) -> list[Any]:
         self.batch_calls.append({"prompts": list(prompts), **kwargs})
@@ -49,15 +46,6 @@ class FakeInner(Backend):
             else ModelResponse(text="batch:" + p)
             for p in prompts
         ]
-
-    async def warm(self, request: ModelRequest) -> None:
-        self.warmed.append(request)
-
-    async def fetch_load(self) -> ServerLoad | None:
-        return ServerLoad(running=1, waiting=2)
-
-    async def aclose(self) -> None:
-        self.closed = True
 
 
 def req(text: str, **kw: Any) -> ModelRequest:
