@@ -16,6 +16,9 @@ from .errors import (
     ToolError,
 )
 from .orchestrator.handle import BatchHandle
+from .patterns.map_reduce import arun_with_map_reduce, run_with_map_reduce
+from .patterns.pipeline_error import PipelineError
+from .patterns.reduce import arun_with_reduce, run_with_reduce
 from .results import AgentError, AgentResult, ToolCallRecord
 from .toolpool import Tool, ToolContext, tool
 
@@ -24,6 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     # running batches
     "submit_batch", "asubmit_batch", "run_batch", "arun_batch", "get_batch", "BatchHandle",
+    # patterns over several batches
+    "run_with_reduce", "arun_with_reduce", "run_with_map_reduce", "arun_with_map_reduce",
+    "PipelineError",
     # results
     "AgentResult", "AgentError", "ToolCallRecord",
     # tools

@@ -1,0 +1,1 @@
+"""Patterns built on one or more batches: scatter-gather, broadcast, tree reduce, generate."""
