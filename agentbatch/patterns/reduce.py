@@ -1,10 +1,11 @@
 """Map a batch, then reduce its results with one agent, or with a tree of them.
 
 The map stage is one ``run_batch``; each reduce level is another, whose agents each get one
-rendered prompt (``reduce_prompt``). ``_levels`` holds the whole reduce logic as a generator
-that yields each level's prompts and receives that level's results, so the sync and the async
-entry points are two thin drivers over the same steps. Both engines come for free: the stages
-are ordinary batches, distributed when ``redis_url`` is given (driven from this process).
+rendered prompt (``reduce_prompt``). ``ReduceSpec.levels`` holds the whole reduce logic as a
+generator that yields each level's prompts and receives that level's results, so the sync and
+the async entry points are two thin drivers over the same steps. Both engines come for free:
+the stages are ordinary batches, distributed when ``redis_url`` is given (driven from this
+process).
 """
 
 from __future__ import annotations
