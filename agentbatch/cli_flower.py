@@ -17,12 +17,17 @@ out of this process's own argv too.
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 
 import typer
 
 LOOPBACK = "127.0.0.1"
 TASKS_COLUMNS = "name,args,state,received,runtime,worker"
+# Flower keeps every task it has seen in memory (its own cap is 100,000). 10,000 is about one
+# 1,000-agent batch of turns and tool calls: enough to follow the running batch, bounded.
+MAX_TASKS = 10_000
 # kombu's consumers restore timed-out unacked messages of the whole fleet back to the queues.
 # Flower consumes only events and replies (never unacked tasks) and, under the Redis ACL's
 # flower user (deploy/redis-users.acl), may not write to the task queues: its bookkeeping
@@ -46,6 +51,30 @@ def _check_basic_auth(value: str) -> None:
                         "part empty (comma-separate several)")
 
 
+def _check_port_free(address: str, port: int) -> None:
+    """Bind and release ``address:port`` as Flower (tornado) would, so a port in use is one
+    line naming it rather than a traceback ending in ``[Errno 98]``."""
+    try:
+        infos = socket.getaddrinfo(address or None, port, socket.AF_UNSPEC,
+                                   socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise _fail(f"--address: cannot resolve {address!r}: {exc}") from None
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                raise _port_error(address, port, exc) from None
+
+
+def _port_error(address: str, port: int, exc: OSError) -> typer.Exit:
+    if exc.errno == errno.EADDRINUSE:
+        return _fail(f"--port: port {port} on {address} is already in use (another Flower "
+                     "or service listens there); choose another with --port")
+    return _fail(f"--port/--address: cannot listen on {address}:{port}: {exc.strerror}")
+
+
 def flower(
     redis_url: str = typer.Option(None, envvar="AGENTBATCH_REDIS_URL", show_envvar=True,
                                   help="Redis URL of the broker (required; prefer the "
@@ -65,6 +94,9 @@ def flower(
                                       "port can read every task and control the workers)."),
     tasks_columns: str = typer.Option(TASKS_COLUMNS, envvar="FLOWER_TASKS_COLUMNS",
                                       help="Task list columns (args names batch and agent)."),
+    max_tasks: int = typer.Option(MAX_TASKS, min=1, envvar="FLOWER_MAX_TASKS",
+                                  show_envvar=True,
+                                  help="Tasks Flower keeps in memory (the oldest are dropped)."),
 ) -> None:
     """Run Flower (the Celery dashboard) on 127.0.0.1 with authentication."""
     if not redis_url:
@@ -91,6 +123,8 @@ def flower(
         typer.echo(f"warning: Flower runs with no authentication; {where} can read every "
                    "task and control the workers", err=True)
 
+    _check_port_free(address, port)
+
     try:  # importing the app reads AGENTBATCH_REDIS_URL even when --redis-url is given
         from .workers import app as celery_app
         from .workers.app import celery_config
@@ -106,11 +140,16 @@ def flower(
     celery_app.conf.update(config)
     # Flower's own options: in-process, so no secret lands in a child's argv.
     argv = ["flower", f"--port={port}", f"--address={address}",
-            f"--tasks_columns={tasks_columns}"]
+            f"--tasks_columns={tasks_columns}", f"--max_tasks={max_tasks}"]
     if basic_auth:
         argv.append(f"--basic_auth={basic_auth}")
     if auth:
         argv.append(f"--auth={auth}")
     typer.echo(f"Flower for {mask_url(redis_url)} on http://{address}:{port}", err=True)
-    code = celery_app.start(argv)
+    try:
+        code = celery_app.start(argv)
+    except OSError as exc:  # taken between the check above and Flower's own bind
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise _port_error(address, port, exc) from None
     sys.exit(code or 0)

@@ -17,9 +17,25 @@ from celery import Celery
 from kombu.serialization import dumps
 from kombu.transport.redis import Channel
 
-from .app import PRIORITY_STEPS
+from .app import PRIORITY_STEPS, TOOL_TASK, TURN_TASK
 
 SEP = Channel.sep  # kombu's separator between a queue name and its priority step
+# What each positional arg means, for the ``argsrepr`` Flower shows in place of the args
+# (``agentbatch.turn batch=... agent=29 turn=2 version=2``); the worker still reads ``args``.
+ARG_NAMES = {TURN_TASK: ("batch", "agent", "version", "turn"),
+             TOOL_TASK: ("batch", "agent", "version", "call", "tool", "calls")}
+SHOWN_FIRST = ("batch", "agent", "turn", "tool")  # what a person looks for, leftmost
+
+
+def args_repr(task: str, args: list[object]) -> str:
+    """``name=value`` per arg of an agentbatch task (JSON for any other task), so a row in
+    Flower reads without the source: which batch, which agent, which turn or tool."""
+    names = ARG_NAMES.get(task)
+    if names is None or len(args) > len(names):
+        return json.dumps(args)
+    pairs = dict(zip(names, args, strict=False))  # fewer args: older messages, defaults
+    order = [n for n in SHOWN_FIRST if n in pairs] + [n for n in pairs if n not in SHOWN_FIRST]
+    return " ".join(f"{name}={pairs[name]}" for name in order)
 
 
 def queue_key(queue: str, priority: int) -> str:
@@ -33,7 +49,7 @@ def envelope(app: Celery, task: str, args: list[object], queue: str,
     """(Redis list key, JSON payload) for one task message; ``countdown`` delays it."""
     task_id = str(uuid.uuid4())
     message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={}, countdown=countdown,
-                                  argsrepr=json.dumps(args), kwargsrepr="{}")
+                                  argsrepr=args_repr(task, args), kwargsrepr="{}")
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     if isinstance(body, str):
         body = body.encode(content_encoding or "utf-8")

@@ -7,7 +7,6 @@ the args, and see the workers that ran them.
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
@@ -96,6 +95,14 @@ class FlowerProcess:
         self.log_path.unlink(missing_ok=True)
 
 
+def _shown_args(task: dict[str, Any]) -> tuple[str, int, int, int]:
+    """(batch, agent, version, turn) from the args Flower shows: ``batch=<id> agent=3
+    turn=1 version=2`` (the named ``argsrepr`` of agentbatch/workers/envelope.py)."""
+    named = dict(pair.split("=", 1) for pair in task["args"].split())
+    return (named["batch"], int(named["agent"]), int(named["version"]),
+            int(named.get("turn", 0)))
+
+
 def _poll(what: str, check: Callable[[], Any], timeout: float = 60,
           on_timeout: Callable[[], str] = lambda: "") -> Any:
     """Call ``check`` until it returns something truthy; its last error or value on timeout."""
@@ -162,7 +169,7 @@ def test_flower_lists_each_agents_turns_with_readable_args_and_the_worker(stack)
         tasks = flower.get("/api/tasks", taskname=TURN_TASK)
         by_agent: dict[int, dict[str, Any]] = {}
         for task in tasks.values():
-            args = ast.literal_eval(task["args"])  # the args' repr (or JSON) as Flower shows it
+            args = _shown_args(task)
             if args[0] == handle.batch_id and task["state"] == "SUCCESS":
                 by_agent[args[1]] = task
         return by_agent if set(by_agent) == set(range(AGENTS)) else {}
@@ -171,7 +178,7 @@ def test_flower_lists_each_agents_turns_with_readable_args_and_the_worker(stack)
                      on_timeout=diagnostics)
     for index, task in by_agent.items():
         assert task["name"] == TURN_TASK
-        batch_id, agent, version, turn = ast.literal_eval(task["args"])
+        batch_id, agent, version, turn = _shown_args(task)
         assert (batch_id, agent) == (handle.batch_id, index)
         assert isinstance(version, int) and isinstance(turn, int)
         assert task["worker"].startswith(worker_name)
@@ -180,11 +187,12 @@ def test_flower_lists_each_agents_turns_with_readable_args_and_the_worker(stack)
 
     # a person finds one batch's tasks, or one agent's, with Flower's search syntax
     found = flower.get("/api/tasks", search=f"name:{TURN_TASK} args:{handle.batch_id}")
-    assert {ast.literal_eval(t["args"])[1] for t in found.values()} == set(range(AGENTS))
-    shown = by_agent[3]["args"]  # as the UI shows it, e.g. ['<batch>', 3, 0, 1]
-    prefix = shown[:shown.index(", 3,") + 4].replace("\\", "\\\\").replace('"', '\\"')
+    assert {_shown_args(t)[1] for t in found.values()} == set(range(AGENTS))
+    shown = by_agent[3]["args"]  # as the UI shows it: batch=<id> agent=3 turn=1 version=2
+    prefix = f"batch={handle.batch_id} agent=3 "
+    assert shown.startswith(prefix), shown
     one = flower.get("/api/tasks", search=f'args:"{prefix}"')
-    assert {ast.literal_eval(t["args"])[1] for t in one.values()} == {3}, (prefix, one)
+    assert {_shown_args(t)[1] for t in one.values()} == {3}, (prefix, one)
     # and the task list page has the args column
     page = httpx.get(flower.url + "/tasks", timeout=30).text
     assert 'data-column="args"' in page
