@@ -377,10 +377,13 @@ def refuse_cluster(client: redis.Redis) -> None:
 
 def refuse_cluster_at(url: str) -> None:
     """``refuse_cluster`` for a process about to start (a worker): a Redis that cannot be
-    reached yet is not an error here, since the worker waits for it (and is logged)."""
+    reached yet is not an error here, since the worker waits for it (and is logged); one that
+    refuses the credentials is (``ConfigError``, the URL masked)."""
     client = sync_client(url, socket_timeout=5)
     try:
         refuse_cluster(client)
+    except redis.AuthenticationError as exc:  # retrying cannot fix a wrong password: stop
+        raise ConfigError(f"Redis at {mask_url(url)} refused the credentials: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         log.warning("cannot reach Redis at %s to check it is not a cluster (%s: %s); "
                     "starting anyway", mask_url(url), type(exc).__name__, exc)
