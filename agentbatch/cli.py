@@ -18,6 +18,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
+def _flags_take_no_value() -> None:
+    """Typer's rich help prints a flag's type (``--force <bool>``) as if it took a value; its
+    plain help leaves flags bare. Show no type for flags, in every command's help."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_agentbatch_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._agentbatch_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
+
+
 @app.command()
 def demo(agents: int | None = typer.Option(
              None, min=1, help="How many agents (default 100; 20 with --engine llamacpp)."),
@@ -188,12 +207,29 @@ def status(batch_id: str,
         counts = get_batch(batch_id, redis_url=redis_url).status()
     except AgentBatchError as exc:
         raise _fail(str(exc)) from None
-    table = Table(title=f"batch {batch_id}")
-    table.add_column("state")
+    state = "finished" if counts.get("finished") else "running"
+    console.print(f"batch {batch_id}: {state}", highlight=False, markup=False, soft_wrap=True)
+    console.print(_status_table(counts))
+
+
+def _status_table(counts: dict[str, int]) -> Table:
+    """Agents delivered and by state, then the batch's counters: the status dict mixes a flag
+    (``finished``, said above the table) and totals with per-state counts."""
+    counts = dict(counts)
+    counts.pop("finished", None)
+    total, delivered = counts.pop("total", 0), counts.pop("delivered", 0)
+    stats = {k: counts.pop(k) for k in sorted(counts) if k.startswith("stat:")}
+    table = Table()
+    table.add_column("agents")
     table.add_column("count", justify="right")
-    for k, v in sorted(counts.items()):
-        table.add_row(k, str(v))
-    console.print(table)
+    table.add_row("delivered", f"{delivered} / {total}")
+    for state, n in sorted(counts.items()):
+        table.add_row(state.replace("_", " "), str(n))
+    if stats:
+        table.add_section()
+        for name, n in stats.items():
+            table.add_row(name.removeprefix("stat:").replace("_", " "), str(n))
+    return table
 
 
 def _run_help() -> str:
@@ -223,6 +259,8 @@ def run(spec: Path = typer.Argument(..., exists=True, dir_okay=False,
     except AgentBatchError as exc:
         raise _fail(str(exc)) from None
     out_path = output or Path(batch.output or spec.with_suffix(".results.jsonl").name)
+    console.print(f"batch {handle.batch_id}: {len(inputs)} agent(s) on the {handle.runs_on} "
+                  "engine", highlight=False, markup=False, soft_wrap=True)
     ok = failed = 0
     with out_path.open("w") as out, Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

@@ -73,8 +73,13 @@ def ls(redis_url: str = _REDIS_URL,
             typer.echo(json.dumps(record))
         return
     table = Table(title=f"{len(infos)} batch(es)")
-    for column in ("batch", "status", "delivered", "age", "keys", "size", "expires in"):
-        table.add_column(column, justify="left" if column in ("batch", "status") else "right")
+    # the id is what a user copies into `status` or `rm`: never wrapped nor cut with "…"
+    # (the other columns give way first; fold, whole characters, only past that)
+    table.add_column("batch", no_wrap=True, overflow="fold",
+                     min_width=max((len(i.batch_id) for i in infos), default=5))
+    table.add_column("status")
+    for column in ("delivered", "age", "keys", "size", "expires in"):
+        table.add_column(column, justify="right")
     for info in infos:
         age = now - info.created_at if info.created_at else None
         progress = "?" if info.status == "damaged" else f"{info.delivered}/{info.total}"

@@ -22,11 +22,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -65,6 +68,10 @@ LOCK_TIMEOUT_S = 3600.0  # another installer may be in the middle of a ~10 min b
 PIP_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 5400.0
 LOG_TAIL_LINES = 30
+# cmake's "[ 48%] Building CXX object ..." lines, relayed while the build runs (a build is
+# 6-30 minutes of otherwise silent work): at most one per PROGRESS_EVERY_S, and the last one.
+PROGRESS_LINE = re.compile(r"^\[\s*(\d{1,3})%\]")
+PROGRESS_EVERY_S = 20.0
 
 Log = Callable[[str], None]
 
@@ -259,7 +266,7 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
             f"when busy); log: {build_log}")
         _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], build_log)
         _run_logged(["cmake", "--build", str(build), "--target", "llama-server", "--config",
-                     "Release", f"-j{jobs}"], build_log)
+                     "Release", f"-j{jobs}"], build_log, progress=log)
         binary = build / "bin" / "llama-server"
         if not binary.is_file():
             raise EngineError(f"the build finished without {binary}; see {build_log}")
@@ -306,20 +313,55 @@ def _unpack_source(sdist: Path, dest: Path) -> Path:
     return trees[0].parent
 
 
-def _run_logged(cmd: list[str], log_path: Path) -> None:
-    """Run a build step, appending its output to ``log_path``; fail with the log's tail."""
+def _run_logged(cmd: list[str], log_path: Path, progress: Log | None = None,
+                every_s: float = PROGRESS_EVERY_S, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    """Run a build step, appending all its output to ``log_path`` and relaying its progress
+    lines (``[ 48%] ...``) to ``progress``, throttled; fail with the log's tail."""
     with open(log_path, "a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1,
+                                start_new_session=True)  # make and the compilers: one group
+        timed_out = threading.Event()
+
+        def kill() -> None:  # the pipe closes, so the loop below ends
+            timed_out.set()
+            _kill_group(proc)
+
+        timer = threading.Timer(timeout_s, kill)
+        timer.daemon = True
+        timer.start()
+        last_said, pending = -float("inf"), None
         try:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=BUILD_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"`{' '.join(cmd)}` took over {BUILD_TIMEOUT_S:.0f}s; "
-                              f"see {log_path}") from None
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                fh.write(line)
+                if progress is None or not PROGRESS_LINE.match(line):
+                    continue
+                pending = line.rstrip()
+                if time.monotonic() - last_said >= every_s:
+                    progress(pending)
+                    last_said, pending = time.monotonic(), None
+            proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:  # interrupted: do not leave the compilers running
+                _kill_group(proc)
+                proc.wait()
+        fh.flush()
+        if pending is not None and proc.returncode == 0:
+            progress(pending)  # type: ignore[misc]  # the last one ("[100%] Built target")
+    if timed_out.is_set():
+        raise EngineError(f"`{' '.join(cmd)}` took over {timeout_s:.0f}s; see {log_path}")
     if proc.returncode != 0:
         raise EngineError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}); last lines of "
                           f"{log_path}:\n{log_tail(log_path)}")
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -21,6 +21,17 @@ class BatchHandle(abc.ABC):
     batch_id: str
     total: int
 
+    @property
+    def runs_on(self) -> str:
+        """Which engine runs the batch, said at submit and by `agentbatch run`: with
+        ``AGENTBATCH_REDIS_URL`` set, a batch goes through Redis without ``redis_url=``."""
+        url = getattr(self, "redis_url", None)
+        if not url:
+            return "embedded (in this process)"
+        from ..state.connection import mask_url
+
+        return f"distributed (Redis {mask_url(url)})"
+
     @abc.abstractmethod
     def results(self, timeout: float | None = None) -> Iterator[AgentResult]:
         """Results in completion order (not input order)."""
