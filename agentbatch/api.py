@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import logging
 import os
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
@@ -29,6 +30,7 @@ from .orchestrator.options import (
 from .results import AgentResult
 from .toolpool import Tool
 
+log = logging.getLogger("agentbatch")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -181,15 +183,22 @@ def _takes(params: Callable[P, BatchOptions]
     return decorate
 
 
+def _announce(handle: BatchHandle) -> BatchHandle:
+    """One INFO line naming the engine: an exported AGENTBATCH_REDIS_URL picks it silently."""
+    log.info("batch %s: %d agent(s) on the %s engine", handle.batch_id, handle.total,
+             handle.runs_on)
+    return handle
+
+
 def _submit(opts: BatchOptions) -> BatchHandle:
     compiled = compile_batch(opts)
     if opts.redis_url:
         from .orchestrator.distributed_submit import submit_distributed
 
-        return submit_distributed(compiled, opts)
+        return _announce(submit_distributed(compiled, opts))
     handle = EmbeddedHandle(compiled, opts)
     handle.start_threaded()
-    return handle
+    return _announce(handle)
 
 
 async def _asubmit(opts: BatchOptions) -> BatchHandle:
@@ -199,10 +208,10 @@ async def _asubmit(opts: BatchOptions) -> BatchHandle:
 
         from .orchestrator.distributed_submit import submit_distributed
 
-        return await asyncio.to_thread(submit_distributed, compiled, opts)
+        return _announce(await asyncio.to_thread(submit_distributed, compiled, opts))
     handle = EmbeddedHandle(compiled, opts)
     await handle.start_in_loop()
-    return handle
+    return _announce(handle)
 
 
 @_takes(_batch_options)

@@ -32,6 +32,9 @@ class ToolCallRecord(BaseModel):
     # The worker whose outcome this is lost the call's lock while the tool ran: another
     # worker took the call over and ran it too (at-least-once; see ``ToolContext``).
     lock_lost: bool = False
+    # Why the call failed (``ok=False``): the error text the model was shown, e.g. a path
+    # outside the tool's root. None when it succeeded.
+    error: str | None = None
 
 
 class AgentResult(BaseModel):

@@ -41,6 +41,9 @@ TOO_MANY_CALLS = (
     "too many tool calls in one reply; at most {cap} run per turn. This call was not run; "
     "make it again in a later turn if you still need it."
 )
+# A failed call's error text kept on its ToolCallRecord: enough to say why, and bounded
+# (it is stored per record in Redis on the distributed engine).
+TOOL_ERROR_CHARS = 500
 
 
 class InvalidTransition(Exception):
@@ -257,7 +260,8 @@ def _tools_finished(policy: TurnPolicy, state: AgentState, event: ToolsFinished)
     outcomes = [o for _, o in answered]
     records = [
         ToolCallRecord(turn=state.steps, name=c.name, arguments=c.arguments, ok=o.ok,
-                       cached=o.cached, coalesced=o.coalesced, lock_lost=o.lock_lost)
+                       cached=o.cached, coalesced=o.coalesced, lock_lost=o.lock_lost,
+                       error=None if o.ok else o.content[:TOOL_ERROR_CHARS])
         for c, o in answered
     ]
     return _bump(

@@ -182,8 +182,9 @@ def with_messages(entry: str, listed: Sequence[str], logged: Sequence[str] = ())
 def new_records(old: AgentState, new: AgentState) -> list[str]:
     """The calls list's entries ``old`` → ``new`` adds: the log only grows, and ``old`` holds
     either all of it (a claimed turn) or none (a tool task, which loads no log). ``lock_lost``
-    is written only when set: every record of every agent pays for a field that is not."""
-    return [r.model_dump_json(exclude=None if r.lock_lost else {"lock_lost"})
+    and ``error`` are written only when set: every record of every agent pays for a field
+    that is not."""
+    return [r.model_dump_json(exclude={f for f in ("lock_lost", "error") if not getattr(r, f)})
             for r in new.tool_log[len(old.tool_log):]]
 
 
