@@ -8,6 +8,11 @@ what happened so the agent core can decide what to do next.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from .results import ErrorKind
+
 
 class AgentBatchError(Exception):
     """Base of every error this package raises on purpose."""
@@ -28,7 +33,7 @@ class UnknownParameter(BatchSpecError, TypeError):
 class BackendError(AgentBatchError):
     """A model call failed. ``retryable`` says whether the same request may succeed later."""
 
-    kind = "backend"
+    kind: ClassVar[ErrorKind] = "backend"
     retryable = False
 
     def __init__(self, message: str, *, status: int | None = None,

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from .model_io import Usage
 
+# Every kind an agent's error can have, and where it comes from.
+ErrorKind = Literal[
+    "invalid_output",  # the final answer failed the output schema after the repair turns
+    "max_turns",  # max_turns used up without a final answer
+    "cancelled",  # the batch was cancelled before the agent finished
+    # a model call failed past its retries (``errors.BackendError`` subclasses):
+    "backend", "timeout", "rate_limited", "server_error", "backend_unavailable",
+    "bad_request", "server_busy",
+    # a worker could not set the batch up (``workers/context.py``):
+    "tool_import",  # a tool's import path did not import there
+    "schema_import",  # the output schema's import path did not import there
+    "config",  # the backend could not be built there (e.g. a missing API key)
+    "internal",  # a bug or damaged state: the step raised, or the state entry is unreadable
+]
+
 
 class AgentError(BaseModel):
-    """Why an agent ended without a valid output.
+    """Why an agent ended without a valid output; ``kind`` is one of ``ErrorKind``."""
 
-    ``kind`` is one of: invalid_output, max_turns, backend, timeout, rate_limited,
-    server_error, backend_unavailable, bad_request, cancelled, tool_import, lost, internal.
-    """
-
-    kind: str
+    kind: ErrorKind
     message: str
 
 

@@ -186,6 +186,7 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         system = "\n\n".join(p for p in (opts.system_prompt or "", json_instructions(
             [t.openai_schema() for t in tools], contract.json_schema, schema_shown=shown))
             if p)
+    assert isinstance(opts.model, str)  # check_options refused anything else
     plan = BatchPlan(
         batch_id=opts.batch_id or uuid.uuid4().hex[:16],
         total=len(items),
@@ -197,21 +198,7 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         output_schema_path=schema_import_path(opts.output_schema),
         output_schema_name=contract.name,
         output_json_schema=contract.json_schema,
-        max_turns=opts.max_turns,
-        max_retries=opts.max_retries,
-        max_inflight=opts.max_inflight,
-        timeout_per_turn=opts.timeout_per_turn,
-        timeout_per_tool=opts.timeout_per_tool,
-        max_tokens=opts.max_tokens,
-        temperature=opts.temperature,
-        native_json_schema=opts.native_json_schema,
-        warm_prefix=opts.warm_prefix,
-        batch_prompting=opts.batch_prompting,
-        max_server_waiting=opts.max_server_waiting,
-        max_tool_calls_per_turn=opts.max_tool_calls_per_turn,
-        max_tool_output_chars=opts.max_tool_output_chars,
-        tool_calling=tool_calling,
-        tool_choice=opts.tool_choice,
+        **{**BatchPlan.option_values(opts), "tool_calling": tool_calling},
         created_at=time.time(),
     )
     states = [

@@ -28,14 +28,15 @@ import copy
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from ..errors import BatchSpecError
 from ..model_io import Message, ModelRequest, ModelResponse, ToolCall, canonical_json
+from .options import ToolCalling
 from .output import OutputContract, ParsedOutput
 from .repair import RepairError, extract_json
 
-MODES = ("native", "json", "auto")
+MODES = get_args(ToolCalling)
 SCHEMA_NAME = "agent_turn"
 FORMAT_ERROR = ('the reply must be one JSON object, either {"tool_calls": [{"name": ..., '
                 '"arguments": {...}}]} or {"final": ...}')

@@ -1,13 +1,24 @@
-"""What a caller can set on a batch (layered: defaults < environment < call)."""
+"""What a caller can set on a batch: every option declared once, here.
+
+``BatchOptions`` is the single source of each option's name, type, default and doc. The four
+public batch functions take its fields as their parameters (``api.py``), ``help()`` shows the
+docs below, and the plan copies the fields a worker needs (``plan.py``). Layering: defaults <
+environment (``with_environment``) < the call.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import os
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, fields, replace
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from ..errors import BatchSpecError
+from ..results import AgentResult
+from ..toolpool import Tool
 from ..toolpool.output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS
 
 DEFAULT_MAX_INFLIGHT = 256
@@ -15,35 +26,104 @@ DEFAULT_MAX_INFLIGHT = 256
 # reply cannot flood the tool queue.
 DEFAULT_MAX_TOOL_CALLS_PER_TURN = 32
 
+ToolCalling = Literal["native", "json", "auto"]
+ToolChoice = Literal["auto", "required"]
+
+
+def _doc(text: str) -> dict[str, str]:
+    """A field's docstring, where ``help()`` and the generated ``Args`` section read it."""
+    return {"doc": text}
+
 
 @dataclass
 class BatchOptions:
-    """The arguments of ``submit_batch``; see its docstring for each field."""
+    """The parameters of ``run_batch``, ``submit_batch`` and their async forms."""
 
-    task: str
-    inputs: Sequence[Any]
-    model: str = "sim-model"
-    backend: str | Sequence[str] = "sim://127.0.0.1:8000"
-    system_prompt: str | None = None
-    tools: Sequence[Any] = ()
-    output_schema: type[BaseModel] | None = None
-    max_turns: int = 6
-    max_retries: int = 2
-    max_inflight: int | None = None
-    timeout_per_turn: float | None = 120.0
-    timeout_per_tool: float | None = 60.0
-    max_tokens: int | None = None
-    temperature: float | None = None
-    on_result: Callable[[Any], Any] | None = None
-    native_json_schema: bool = True
-    warm_prefix: bool = True
-    batch_prompting: bool = False
-    max_server_waiting: int | None = None
-    max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
-    max_tool_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS
-    tool_calling: str = "native"
-    tool_choice: str = "auto"
-    redis_url: str | None = None
-    batch_id: str | None = None
-    checkpoint_dir: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    task: str = field(metadata=_doc("a ``str.format`` template rendered with each input dict."))
+    inputs: Iterable[Mapping[str, Any] | BaseModel] = field(metadata=_doc(
+        "one dict (or Pydantic model) per agent; keys are strings, values plain JSON."))
+    _: KW_ONLY
+    system_prompt: str | None = field(default=None, metadata=_doc(
+        "shared by every agent (part of the cached prefix)."))
+    tools: Sequence[Tool | str] | Tool | str | None = field(default=(), metadata=_doc(
+        '``@tool`` functions (defined at module level) or "module:attr" import paths.'))
+    output_schema: type[BaseModel] | None = field(default=None, metadata=_doc(
+        "a Pydantic model class the final answer must validate against; None for free text."))
+    model: str | None = field(default=None, metadata=_doc(
+        "model name sent to the backend (env ``AGENTBATCH_MODEL``)."))
+    backend: str | Sequence[str] | None = field(default=None, metadata=_doc(
+        "URL such as ``vllm://gpu-0:8000``, or a list of URLs (env ``AGENTBATCH_BACKEND``)."))
+    max_turns: int = field(default=6, metadata=_doc(
+        "model turns an agent may take (repair turns not counted); >= 1."))
+    max_retries: int = field(default=2, metadata=_doc(
+        "per agent, retries of failed model calls plus repair turns; >= 0."))
+    max_inflight: int | None = field(default=None, metadata=_doc(
+        "inference requests in flight at once (default: the backend's safe cap)."))
+    max_tool_calls_per_turn: int = field(default=DEFAULT_MAX_TOOL_CALLS_PER_TURN, metadata=_doc(
+        "tool calls run from one model reply; each call past it is answered with an error "
+        "the model can read, and not run. >= 1."))
+    max_tool_output_chars: int = field(default=DEFAULT_MAX_TOOL_OUTPUT_CHARS, metadata=_doc(
+        "a tool's output (or error) longer than this is cut to it, the cut marked "
+        "``[... truncated N of M chars by agentbatch]`` for the model, before it is stored or "
+        "sent; a tool's own ``max_output_chars`` overrides it. >= 1."))
+    timeout_per_turn: float | None = field(default=120.0, metadata=_doc(
+        "seconds for one model call attempt (finite, > 0; None: no limit)."))
+    timeout_per_tool: float | None = field(default=60.0, metadata=_doc(
+        "seconds for one tool call (finite, > 0; None: no limit)."))
+    max_tokens: int | None = field(default=None, metadata=_doc(
+        "completion token cap per model call (>= 1; None: server default)."))
+    temperature: float | None = field(default=None, metadata=_doc(
+        "sampling temperature (finite, >= 0; None: server default)."))
+    on_result: Callable[[AgentResult], object] | None = field(default=None, metadata=_doc(
+        "called with each result as it arrives; exceptions are logged, never raised."))
+    redis_url: str | None = field(default=None, metadata=_doc(
+        "selects the distributed engine (env ``AGENTBATCH_REDIS_URL``)."))
+    batch_id: str | None = field(default=None, metadata=_doc(
+        "a caller-chosen id (default: random)."))
+    checkpoint_dir: str | None = field(default=None, metadata=_doc(
+        "where the embedded engine checkpoints (reserved)."))
+    native_json_schema: bool = field(default=True, metadata=_doc(
+        "also send the schema as ``response_format`` where it can apply."))
+    warm_prefix: bool = field(default=True, metadata=_doc(
+        "send the shared prefix once before the fan-out."))
+    batch_prompting: bool = field(default=False, metadata=_doc(
+        "gather concurrent tool-free turns into one ``/v1/completions`` request with a prompt "
+        "list (rendered with the server's chat template on llama.cpp and vLLM, ChatML "
+        "elsewhere)."))
+    max_server_waiting: int | None = field(default=None, metadata=_doc(
+        "hold new model calls while the server's ``/metrics`` shows more waiting requests "
+        "than this (backpressure; >= 0; None: off)."))
+    tool_calling: ToolCalling = field(default="native", metadata=_doc(
+        'how the model calls tools. ``"native"``: the server\'s tool-call API. ``"json"``: '
+        "each turn is constrained by guided JSON to "
+        '``{"tool_calls": [{"name", "arguments"}, ...]}`` or ``{"final": <answer>}`` (no '
+        "native tools sent; for servers or templates without reliable tool calls). "
+        '``"auto"``: json when a backend cannot force a native tool call (llama.cpp).'))
+    tool_choice: ToolChoice = field(default="auto", metadata=_doc(
+        '``"auto"``: the model decides each turn. ``"required"``: an agent must call a tool '
+        "before its final answer (every turn until its first tool results is a tool call). "
+        "In json mode the turn's schema allows only tool calls; in native mode a backend "
+        "that does not enforce it is refused."))
+
+
+def args_doc() -> str:
+    """The ``Args:`` section of the batch functions' docs, from the field docs."""
+    return "Args:\n" + "\n".join(
+        textwrap.fill(f"{f.name}: {f.metadata['doc']}", 92, initial_indent="    ",
+                      subsequent_indent="        ") for f in fields(BatchOptions))
+
+
+def with_environment(opts: BatchOptions) -> BatchOptions:
+    """``opts`` with what the call left out filled from the environment; model and backend
+    are required from one or the other."""
+    model = opts.model or os.environ.get("AGENTBATCH_MODEL")
+    backend = opts.backend or os.environ.get("AGENTBATCH_BACKEND")
+    if not model:
+        raise BatchSpecError("model is required (or set AGENTBATCH_MODEL)")
+    if not backend:
+        raise BatchSpecError("backend is required, e.g. 'vllm://host:8000' (or AGENTBATCH_BACKEND)")
+    return replace(opts, model=model, backend=backend, tools=opts.tools or (),
+                   redis_url=opts.redis_url or os.environ.get("AGENTBATCH_REDIS_URL"))
+
+
+BatchOptions.__doc__ = f"{BatchOptions.__doc__}\n\n{args_doc()}"

@@ -6,11 +6,19 @@ shared prefix, tool and schema import paths, limits. It is written once per batc
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import MISSING, fields
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN, DEFAULT_MAX_TOOL_OUTPUT_CHARS
+from .options import BatchOptions, ToolChoice
+
+_DEFAULTS = {f.name: f.default for f in fields(BatchOptions) if f.default is not MISSING}
+
+
+def _default(option: str) -> Any:
+    """The default ``BatchOptions`` declares for ``option``."""
+    return _DEFAULTS[option]
 
 
 class ToolRef(BaseModel):
@@ -33,26 +41,39 @@ class BatchPlan(BaseModel):
     output_schema_path: str | None = None
     output_schema_name: str | None = None
     output_json_schema: dict[str, Any] | None = None
-    max_turns: int = 6
-    max_retries: int = 2
-    max_inflight: int | None = None
-    timeout_per_turn: float | None = 120.0
-    timeout_per_tool: float | None = 60.0
-    max_tokens: int | None = None
-    temperature: float | None = None
-    native_json_schema: bool = True
-    warm_prefix: bool = True
-    batch_prompting: bool = False
-    max_server_waiting: int | None = None
-    max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
-    # a tool's output is cut to this many chars, with a marker (``toolpool/output_cap.py``)
-    max_tool_output_chars: int = DEFAULT_MAX_TOOL_OUTPUT_CHARS
-    # "native" or "json" (resolved from "auto" at submit): see ``json_tool_calling``.
-    tool_calling: str = "native"
-    # "auto" or "required" (a tool call before the final answer): see ``tool_choice``.
-    tool_choice: str = "auto"
+    # The options a worker needs: names and types as ``BatchOptions`` declares them (the
+    # docs are there), defaults taken from it (a plan written before an option existed
+    # reads as its default). ``compile_batch`` copies them all (``option_values``).
+    max_turns: int = _default("max_turns")
+    max_retries: int = _default("max_retries")
+    max_inflight: int | None = _default("max_inflight")
+    timeout_per_turn: float | None = _default("timeout_per_turn")
+    timeout_per_tool: float | None = _default("timeout_per_tool")
+    max_tokens: int | None = _default("max_tokens")
+    temperature: float | None = _default("temperature")
+    native_json_schema: bool = _default("native_json_schema")
+    warm_prefix: bool = _default("warm_prefix")
+    batch_prompting: bool = _default("batch_prompting")
+    max_server_waiting: int | None = _default("max_server_waiting")
+    max_tool_calls_per_turn: int = _default("max_tool_calls_per_turn")
+    max_tool_output_chars: int = _default("max_tool_output_chars")
+    # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
+    tool_calling: Literal["native", "json"] = "native"
+    tool_choice: ToolChoice = _default("tool_choice")
     created_at: float = 0.0
+
+    @staticmethod
+    def option_values(opts: BatchOptions) -> dict[str, Any]:
+        """The values of ``opts`` for every option the plan carries."""
+        return {name: getattr(opts, name) for name in carried_options()}
 
     @property
     def has_tools(self) -> bool:
         return bool(self.tool_schemas)
+
+
+def carried_options() -> list[str]:
+    """The ``BatchOptions`` fields the plan copies as given (``batch_id`` and ``model`` it
+    sets itself: a random id when None, the model the environment resolved)."""
+    return [name for name in BatchPlan.model_fields
+            if name in _DEFAULTS and name not in ("batch_id", "model")]

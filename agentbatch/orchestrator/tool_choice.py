@@ -23,11 +23,12 @@ How it is enforced, by ``tool_calling`` mode:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from ..errors import BatchSpecError
+from .options import ToolChoice
 
-CHOICES = ("auto", "required")
+CHOICES = get_args(ToolChoice)
 
 
 def check_value(value: Any, *, has_tools: bool) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..model_io import FINISH_LOOP, Message, ModelResponse, ToolCall, ToolOutcome
-from ..results import AgentError, ToolCallRecord
+from ..results import AgentError, ErrorKind, ToolCallRecord
 from .agent_state import AgentState, AgentStatus
 from .options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
 from .output import ParsedOutput
@@ -74,7 +75,7 @@ class ModelReplied:
 
 @dataclass(frozen=True)
 class ModelFailed:
-    kind: str
+    kind: ErrorKind
     message: str
     retryable: bool
     attempts: int = 1  # HTTP attempts this call made (transport retries included)
@@ -94,7 +95,7 @@ class Cancelled:
 class Abandoned:
     """The engine gave up on the agent for a reason outside the loop (e.g. a tool import)."""
 
-    kind: str
+    kind: ErrorKind
     message: str
 
 
@@ -183,7 +184,7 @@ def _model_failed(policy: TurnPolicy, state: AgentState, event: ModelFailed) -> 
 def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -> AgentState:
     counted = not state.repairing
     steps = state.steps + (1 if counted else 0)
-    common = {
+    common: dict[str, Any] = {
         "turns": state.turns + 1,
         "steps": steps,
         "usage": state.usage + resp.usage,
@@ -210,11 +211,11 @@ def _model_replied(policy: TurnPolicy, state: AgentState, resp: ModelResponse) -
     if parsed.ok:
         return _end(state, AgentStatus.DONE, None, text=resp.text, output=parsed.value, **common)
     if state.retries < policy.max_retries:
-        error = parsed.error
+        reason = parsed.error
         if resp.finish_reason in CUT_REPLY_ERRORS:
-            error = CUT_REPLY_ERRORS[resp.finish_reason]
+            reason = CUT_REPLY_ERRORS[resp.finish_reason]
             common["messages"] = [*state.messages, _cut_reply(resp.text or "")]
-        repair = {"role": "user", "content": prompt.format(error=error)}
+        repair = {"role": "user", "content": prompt.format(error=reason)}
         common["messages"] = [*common["messages"], repair]
         return _bump(state, retries=state.retries + 1, repairing=True, text=resp.text, **common)
     what = ("the reply was not a tool call (tool_choice='required')"

@@ -46,12 +46,6 @@ class BatchKeys:
         self.gone = f"{base}:gone"
         self._base = base
 
-    def retained(self) -> list[str]:
-        """Every fixed key the finishing commit gives the retention TTL (leases carry their own
-        TTL; tool fan-in hashes are deleted by the commit that consumes them)."""
-        return [self.plan, self.meta, self.state, self.results, self.audit, self.resends,
-                self.fence]
-
     def member(self, index: int) -> str:
         """This agent's member of the fleet-wide ``WATCH`` zset."""
         return f"{self.batch_id}:{index}"

@@ -8,14 +8,16 @@ distributed runs a worker process cannot receive the function itself, so each To
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import importlib
 import inspect
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, overload
 
 from ..errors import BatchSpecError
@@ -29,6 +31,11 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI and Anthropic AP
 _SHARES = ("batch", "fleet")
 
 Share = Literal["batch", "fleet"]
+
+
+def _doc(text: str) -> dict[str, str]:
+    """A field's docstring, where ``help(tool)`` reads it."""
+    return {"doc": text}
 
 
 @dataclass(frozen=True)
@@ -48,21 +55,31 @@ class Tool:
 
     name: str
     fn: Callable[..., Any]
-    description: str = ""
+    description: str = field(default="", metadata=_doc(
+        "what the model reads about the tool (default: the function's docstring)."))
     parameters: dict[str, Any] | None = field(default=None, compare=False)  # JSON schema, object
-    cacheable: bool = False  # pure function of its arguments: results may be cached and shared
-    # max executions per second (token bucket, burst 1): per process on the embedded engine,
-    # fleet-wide (one bucket in Redis, toolpool/redis_rate.py) on the distributed one
-    rate_limit: float | None = None
-    timeout: float | None = None  # seconds per execution
+    cacheable: bool = field(default=False, metadata=_doc(
+        "the result depends only on the arguments: results are cached and identical calls "
+        "merged."))
+    rate_limit: float | None = field(default=None, metadata=_doc(
+        "max executions per second (token bucket, burst 1): per process on the embedded "
+        "engine, fleet-wide (one bucket in Redis, toolpool/redis_rate.py) on the distributed "
+        "one."))
+    timeout: float | None = field(default=None, metadata=_doc("seconds per execution."))
     import_path: str | None = None  # "module:attr" a worker process re-imports this Tool from
     spec: ArgSpec = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
-    version: str | None = None  # explicit version; None = a hash of signature and source
-    coalesce: bool = False  # read-only: concurrent identical calls may share one execution
-    share: Share = "batch"  # how far cache and coalescing reach: one batch, or the fleet
-    lock_ttl: float | None = None  # seconds a stalled leader keeps a call; None: pool default
-    # chars of output kept (the rest cut, with a marker); None: the batch's max_tool_output_chars
-    max_output_chars: int | None = None
+    version: str | None = field(default=None, metadata=_doc(
+        "changes the tool's identity; None: a hash of its signature and source."))
+    coalesce: bool = field(default=False, metadata=_doc(
+        "read-only: identical concurrent calls share one execution, without caching."))
+    share: Share = field(default="batch", metadata=_doc(
+        'how far cache and coalescing reach: one batch, or the whole fleet ("fleet").'))
+    lock_ttl: float | None = field(default=None, metadata=_doc(
+        "seconds a worker that stops renewing keeps a call before another may take it over; "
+        "None: the pool's default."))
+    max_output_chars: int | None = field(default=None, metadata=_doc(
+        "chars of output kept (the rest cut, with a marker); None: the batch's "
+        "max_tool_output_chars."))
     identity: str = field(init=False, default="", compare=False)  # "path@version"
 
     # Built-in tools, attached by ``agentbatch.toolpool.builtins`` (avoids a circular import).
@@ -140,11 +157,8 @@ class Tool:
         if self.import_path:
             return resolve_tool, (self.import_path,)
         return _rebuild, (self.name, self.fn, {
-            "description": self.description, "parameters": self.parameters,
-            "cacheable": self.cacheable, "rate_limit": self.rate_limit, "timeout": self.timeout,
-            "version": self.version, "coalesce": self.coalesce, "share": self.share,
-            "lock_ttl": self.lock_ttl, "max_output_chars": self.max_output_chars,
-        })
+            f.name: getattr(self, f.name) for f in fields(self)
+            if f.init and f.name not in ("name", "fn", "spec", "import_path")})
 
 
 def _rebuild(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Tool:
@@ -152,36 +166,43 @@ def _rebuild(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Tool
     return Tool(name, fn, **options)
 
 
+# What ``tool()`` builds itself; every other field of ``Tool`` is an option of ``tool()``.
+_BUILT = ("name", "fn", "parameters", "import_path", "spec")
+
+
+def _options() -> list[Any]:
+    return [f for f in fields(Tool) if f.init and f.name not in _BUILT]
+
+
 @overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 
-@overload
+@overload  # for type checkers and IDEs; defaults and docs: the fields of ``Tool``
 def tool(
-    fn: None = None, /, *, name: str | None = None, cacheable: bool = False,
-    rate_limit: float | None = None, timeout: float | None = None,
-    description: str | None = None, version: str | None = None, coalesce: bool = False,
-    share: Share = "batch", lock_ttl: float | None = None, max_output_chars: int | None = None,
+    fn: None = None, /, *, name: str | None = ..., description: str | None = ...,
+    cacheable: bool = ..., rate_limit: float | None = ..., timeout: float | None = ...,
+    version: str | None = ..., coalesce: bool = ..., share: Share = ...,
+    lock_ttl: float | None = ..., max_output_chars: int | None = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
-def tool(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, cacheable: bool = False,
-    rate_limit: float | None = None, timeout: float | None = None,
-    description: str | None = None, version: str | None = None, coalesce: bool = False,
-    share: Share = "batch", lock_ttl: float | None = None, max_output_chars: int | None = None,
-) -> Tool | Callable[[Callable[..., Any]], Tool]:
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+         **options: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a sync or async function into a ``Tool``; use as ``@tool`` or ``@tool(...)``.
 
     A parameter annotated ``ToolContext`` receives the call's context and is hidden from the
-    model. ``cacheable=True`` promises the result depends only on the arguments (results are
-    cached and identical calls merged); ``coalesce=True`` merges identical concurrent calls of
-    a read-only tool without caching. Without either, every call runs on its own. Sharing stays
-    within one batch unless ``share="fleet"``. ``version`` changes the tool's identity (the
-    default is a hash of its signature and source); ``lock_ttl`` is how long a worker that
-    stops renewing keeps a call before another may take it over; ``max_output_chars`` caps
-    this tool's output instead of the batch's ``max_tool_output_chars``.
+    model. Without ``cacheable`` or ``coalesce``, every call runs on its own; sharing stays
+    within one batch unless ``share="fleet"``.
     """
+    known = [f.name for f in _options()]
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, ["name", *known], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"tool() got an unexpected keyword argument {key!r}{hint}")
+    if options.get("description") is None:
+        options.pop("description", None)
     # The decorating scope's locals resolve string annotations of nested functions under
     # ``from __future__ import annotations`` (e.g. a model class defined in the same function).
     frame = sys._getframe(1)
@@ -195,24 +216,28 @@ def tool(
         if not tool_name:
             raise BatchSpecError(f"cannot infer a tool name for {f!r}; pass name=")
         spec = build_arg_spec(f, name=tool_name, localns=caller_locals)
-        return Tool(
-            name=tool_name,
-            fn=f,
-            description=description if description is not None else spec.description,
-            parameters=copy.deepcopy(spec.schema),
-            cacheable=cacheable,
-            rate_limit=rate_limit,
-            timeout=timeout,
-            import_path=_import_path(f),
-            spec=spec,
-            version=version,
-            coalesce=coalesce,
-            share=share,
-            lock_ttl=lock_ttl,
-            max_output_chars=max_output_chars,
-        )
+        return Tool(name=tool_name, fn=f, parameters=copy.deepcopy(spec.schema),
+                    import_path=_import_path(f), spec=spec, **options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _describe_options() -> None:
+    """``help(tool)``: its keyword signature and an ``Options`` section, from ``Tool``'s fields."""
+    P = inspect.Parameter
+    params = [P("fn", P.POSITIONAL_ONLY, default=None),
+              P("name", P.KEYWORD_ONLY, default=None, annotation="str | None")]
+    params += [P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for f in _options()]
+    tool.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    docs = [("name", "the name the model calls it by (default: the function's name).")]
+    docs += [(f.name, f.metadata["doc"]) for f in _options()]
+    lines = [textwrap.fill(f"{n}: {d}", 92, initial_indent="    ", subsequent_indent="        ")
+             for n, d in docs]
+    tool.__doc__ = f"{inspect.cleandoc(tool.__doc__ or '')}\n\nOptions:\n" + "\n".join(lines)
+
+
+_describe_options()
 
 
 def resolve_tool(obj_or_path: Tool | str) -> Tool:

@@ -26,6 +26,7 @@ from ..orchestrator.output import OutputContract
 from ..orchestrator.plan import BatchPlan
 from ..orchestrator.runtime import BatchRuntime, load_schema, load_tools
 from ..orchestrator.turns import TurnPolicy
+from ..results import ErrorKind
 from ..state.connection import async_client
 from ..state.keys import TOOL_DONE_CHANNEL
 from ..state.note_hub import NoteHub
@@ -51,7 +52,7 @@ class LoadedBatch:
     policy: TurnPolicy
     runtime: BatchRuntime | None
     error: str | None = None
-    error_kind: str = "tool_import"
+    error_kind: ErrorKind = "tool_import"
 
 
 class WorkerContext:
@@ -141,7 +142,7 @@ class WorkerContext:
         return LoadedBatch(plan=plan, store=store, policy=rt.policy, runtime=rt)
 
     def _broken(self, plan: BatchPlan, store: BatchStore, error: str,
-                kind: str) -> LoadedBatch:
+                kind: ErrorKind) -> LoadedBatch:
         log.error("batch %s cannot run on this worker: %s", plan.batch_id, error)
         policy = TurnPolicy(max_turns=plan.max_turns, max_retries=plan.max_retries,
                             parse_output=OutputContract(None).parse)

@@ -281,10 +281,17 @@ def test_a_wrong_password_or_the_default_user_without_one_is_refused(acl_server)
         redis.from_url(f"redis://127.0.0.1:{acl_server.port}/0").get("ab:batches")
 
 
+def _clear(admin: redis.Redis, k: BatchKeys) -> None:
+    """Delete every key of the batch ``k``, its tombstone included."""
+    keys = list(admin.scan_iter(match=k.pattern()))
+    if keys:
+        admin.delete(*keys)
+
+
 def _a_running_batch(admin: redis.Redis, batch_id: str) -> dict[str, Any]:
     """Another tenant's batch, written by the operator: what each key holds now."""
     k = BatchKeys(batch_id)
-    admin.delete(*k.retained(), k.gone)
+    _clear(admin, k)
     admin.set(k.plan, '{"backends": ["http://their-server"]}')
     admin.hset(k.meta, mapping={"total": 1, "delivered": 0, "cancelled": 0, "finished": 0})
     admin.hset(k.state, "0", "1:{}")
@@ -328,7 +335,7 @@ def test_the_submitter_cannot_break_the_queues_or_rewrite_another_batch(acl_serv
     after = {"plan": admin.get(other.plan), "state": admin.hgetall(other.state),
              "ttl": [admin.pttl(key) for key in (other.plan, other.meta, other.state)]}
     assert after == before
-    admin.delete(*other.retained())
+    _clear(admin, other)
 
 
 def test_a_submit_never_overwrites_an_existing_batch(acl_server, admin, sim_url):
@@ -337,7 +344,7 @@ def test_a_submit_never_overwrites_an_existing_batch(acl_server, admin, sim_url)
     url = acl_server.url("submitter")
     for present in ("plan", "state", "meta"):
         other = BatchKeys(f"acl-taken-{present}")
-        admin.delete(*other.retained())
+        _clear(admin, other)
         admin.set(getattr(other, present), "theirs") if present == "plan" else \
             admin.hset(getattr(other, present), "0", "theirs")
         with pytest.raises(BatchSpecError, match="already exists"):

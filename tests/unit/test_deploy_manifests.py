@@ -13,6 +13,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from functools import cache
@@ -634,3 +635,170 @@ def test_k8s_ports_open_to_the_network_are_limited_by_a_network_policy():
         if "--address" in argv:
             assert int(option(argv, "--port")) in covered.get(name, set()), name
     assert 6379 in covered["redis"]
+
+
+# --- validated against the Kubernetes, KEDA and Compose schemas, offline (issue 25) -------
+
+SCHEMAS = Path(__file__).parent / "schemas"  # see schemas/README.md for where each is from
+KEDA_KINDS = ("ScaledObject", "TriggerAuthentication")
+
+
+def _k8s_definitions() -> Any:
+    """Kubernetes' own definitions (ObjectMeta, HPA behavior) from kubernetes-validate."""
+    import importlib.resources
+    import json
+
+    from kubernetes_validate.utils import latest_version
+
+    path = (importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema" /
+            f"v{latest_version()}-local-strict" / "_definitions.json")
+    return json.loads(path.read_text())
+
+
+def keda_errors(doc: dict[str, Any]) -> list[str]:
+    """Where ``doc`` breaks the KEDA schema (schemas/keda-v1alpha1.json)."""
+    import json
+
+    import jsonschema
+    from referencing import Registry, Resource
+
+    keda = json.loads((SCHEMAS / "keda-v1alpha1.json").read_text())
+    registry = Resource.from_contents(_k8s_definitions()) @ Registry()
+    validator = jsonschema.Draft202012Validator({**keda, "$ref": f"#/$defs/{doc['kind']}"},
+                                               registry=registry)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(doc)]
+
+
+def k8s_errors(doc: dict[str, Any]) -> str | None:
+    """kubernetes-validate's strict verdict on ``doc`` (unknown fields refused)."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    try:
+        kubernetes_validate.validate(doc, latest_version(), strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return str(exc)
+    return None
+
+
+def test_every_k8s_object_validates_against_the_kubernetes_schemas():
+    checked = [d for d in k8s_docs() if d["kind"] not in KEDA_KINDS]
+    assert {d["kind"] for d in checked} >= {"Deployment", "StatefulSet", "Service",
+                                            "ConfigMap", "Secret", "NetworkPolicy"}
+    errors = {f"{d['kind']}/{d['metadata']['name']}": k8s_errors(d) for d in checked}
+    assert {k: e for k, e in errors.items() if e} == {}
+    # the check is not vacuous: a misspelt field is refused
+    broken = {**worker_deployments()["inference-worker"]}
+    broken["spec"] = {**broken["spec"], "replica": 2}
+    assert k8s_errors(broken) is not None
+
+
+def test_every_keda_object_validates_against_the_keda_schema():
+    keda = [d for d in k8s_docs() if d["kind"] in KEDA_KINDS]
+    assert sorted(d["kind"] for d in keda) == ["ScaledObject", "ScaledObject",
+                                               "TriggerAuthentication"]
+    assert {f"{d['kind']}/{d['metadata']['name']}": keda_errors(d) for d in keda} == \
+        {f"{d['kind']}/{d['metadata']['name']}": [] for d in keda}
+    # not vacuous: a misspelt field, a number where KEDA wants a string, a bad HPA policy
+    scaled = k8s_objects("ScaledObject")["inference-worker"]
+    spec = scaled["spec"]
+    assert keda_errors({**scaled, "spec": {**spec, "minReplicas": 1}})
+    trigger = spec["triggers"][0]
+    bad_trigger = {**trigger, "metadata": {**trigger["metadata"], "listLength": 16}}
+    assert keda_errors({**scaled, "spec": {**spec, "triggers": [bad_trigger]}})
+    advanced = {**spec["advanced"], "horizontalPodAutoscalerConfig": {
+        "behavior": {"scaleDown": {"policies": [{"type": "Percent", "value": 50}]}}}}
+    assert keda_errors({**scaled, "spec": {**spec, "advanced": advanced}})
+
+
+def test_the_pools_scale_independently_with_graceful_local_probes():
+    """One Deployment and one ScaledObject per pool; no probe runs `celery inspect`/`ping`
+    (a broadcast over the broker to every worker) or any command at all: the probes are
+    local TCP/HTTP checks of the pod's own port."""
+    workers = worker_deployments()
+    scaled = k8s_objects("ScaledObject")
+    targets = [so["spec"]["scaleTargetRef"]["name"] for so in scaled.values()]
+    assert sorted(targets) == sorted(workers) and len(set(targets)) == len(targets)
+    queues = {name: option(container_argv(pod_containers(d)[0]), "--queues")
+              for name, d in workers.items()}
+    assert sorted(queues.values()) == sorted(QUEUES)  # each pool reads one queue only
+    for workload in [*k8s_objects("Deployment").values(), *k8s_objects("StatefulSet").values()]:
+        for container in pod_containers(workload):
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = container.get(kind)
+                if probe is None:
+                    continue
+                text = yaml.safe_dump(probe)
+                assert "inspect" not in text and "celery" not in text, (kind, probe)
+                if workload["metadata"]["name"] in workers:
+                    assert "exec" not in probe, (kind, probe)
+
+
+def _compose_schema() -> dict[str, Any]:
+    import json
+
+    schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    # the top-level project name joined the Compose spec after this schema (2021) was cut
+    schema["properties"]["name"] = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]*$"}
+    return schema
+
+
+def test_the_compose_file_validates_against_the_compose_spec():
+    import jsonschema
+
+    validator = jsonschema.Draft201909Validator(_compose_schema())  # its "$schema"
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(compose())]
+    assert errors == []
+    broken = {**compose(), "services": {**compose()["services"]}}
+    broken["services"]["redis"] = {**broken["services"]["redis"], "restart_policy": "always"}
+    assert list(validator.iter_errors(broken))  # not vacuous: an unknown key is refused
+
+
+def _dockerfile_copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY from the build context (not --from=stage)."""
+    copies = []
+    for line in (COMPOSE / "Dockerfile").read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not any(p.startswith("--from") for p in parts):
+            args = [p for p in parts[1:] if not p.startswith("--")]
+            copies.append((args[:-1], args[-1]))
+    return copies
+
+
+def test_the_dockerfile_builds_the_package_as_installed_from_the_checkout(tmp_path):
+    """No Docker engine here, so the image build itself cannot run: the same build context
+    (what the COPY lines take, less the .dockerignore's exclusions) is built into a wheel
+    with pip, and the wheel holds every file of the package git tracks."""
+    text = (COMPOSE / "Dockerfile").read_text()
+    workdir = re.findall(r"(?m)^WORKDIR (\S+)$", text)[0]
+    context = tmp_path / workdir.strip("/")
+    for sources, dest in _dockerfile_copies():
+        context.mkdir(parents=True, exist_ok=True)
+        for source in sources:
+            into_dir = dest.endswith("/") or dest == "." or len(sources) > 1
+            target = context / (Path(source).name if into_dir else dest)
+            path = REPO / source
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns(
+                    "__pycache__", "*.pyc"))
+            else:
+                shutil.copy(path, target)
+    ignore = (COMPOSE / "Dockerfile.dockerignore").read_text().split()
+    copied = {str(p.relative_to(context)).split("/")[0] for p in context.iterdir()}
+    assert all(f"!{name}" in ignore or f"!{name}/" in ignore for name in copied), copied
+    assert re.search(r'pip install "\.\[all\]"', text)  # installs the copied checkout
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                          "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
+                          str(context)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import zipfile
+
+    (wheel,) = (tmp_path / "dist").glob("agentbatch-*.whl")
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    tracked = subprocess.run(["git", "ls-files", "agentbatch"], cwd=REPO, capture_output=True,
+                             text=True, timeout=60).stdout.split()
+    assert tracked
+    missing = [f for f in tracked if f not in in_wheel and not f.endswith(".pyc")]
+    assert missing == [], missing

@@ -191,7 +191,8 @@ def test_auto_picks_json_only_where_native_tool_calls_cannot_be_forced() -> None
 
 def _opts(**kw: object) -> BatchOptions:
     base: dict = {"task": "do {x}", "inputs": [{"x": 1}], "backend": "http://127.0.0.1:1",
-                  "tools": [lookup], "output_schema": Answer, "tool_calling": "json"}
+                  "model": "m", "tools": [lookup], "output_schema": Answer,
+                  "tool_calling": "json"}
     return BatchOptions(**{**base, **kw})
 
 

@@ -125,7 +125,8 @@ def test_pydantic_inputs_and_defaults_still_pass_validation():
     from agentbatch.orchestrator.compile import compile_batch
     from agentbatch.orchestrator.options import BatchOptions
 
-    compiled = compile_batch(BatchOptions(task=TASK, inputs=[Plain(x=3), {"x": [1.5, None]}]))
+    compiled = compile_batch(BatchOptions(task=TASK, inputs=[Plain(x=3), {"x": [1.5, None]}],
+                                          model="m", backend="sim://127.0.0.1:8000"))
     assert [s.input for s in compiled.states] == [{"x": 3}, {"x": [1.5, None]}]
     assert compiled.plan.max_tool_calls_per_turn == 32
 

@@ -94,7 +94,8 @@ def test_auto_is_unchanged() -> None:
 
 def _opts(**kw: object) -> BatchOptions:
     base: dict = {"task": "do {x}", "inputs": [{"x": 1}], "backend": "http://127.0.0.1:1",
-                  "tools": [lookup], "output_schema": Answer, "tool_choice": "required"}
+                  "model": "m", "tools": [lookup], "output_schema": Answer,
+                  "tool_choice": "required"}
     return BatchOptions(**{**base, **kw})
 
 
