@@ -16,9 +16,12 @@ from .errors import (
     ToolError,
 )
 from .orchestrator.handle import BatchHandle
+from .patterns.generate import agenerate_batch, generate_batch
 from .patterns.map_reduce import arun_with_map_reduce, run_with_map_reduce
 from .patterns.pipeline_error import PipelineError
 from .patterns.reduce import arun_with_reduce, run_with_reduce
+from .patterns.scatter import abroadcast, ascatter_gather, broadcast, scatter_gather
+from .patterns.tree import atree_reduce, tree_reduce
 from .results import AgentError, AgentResult, ToolCallRecord
 from .toolpool import Tool, ToolContext, tool
 
@@ -30,6 +33,9 @@ __all__ = [
     # patterns over several batches
     "run_with_reduce", "arun_with_reduce", "run_with_map_reduce", "arun_with_map_reduce",
     "PipelineError",
+    # aurora-swarm's patterns over an endpoint pool
+    "scatter_gather", "ascatter_gather", "broadcast", "abroadcast", "tree_reduce",
+    "atree_reduce", "generate_batch", "agenerate_batch",
     # results
     "AgentResult", "AgentError", "ToolCallRecord",
     # tools

@@ -9,7 +9,6 @@ gives each public function that signature: to type checkers and IDEs through ``P
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import logging
@@ -18,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .errors import BatchSpecError, UnknownParameter
+from .orchestrator.aliases import suggest
 from .orchestrator.compile import compile_batch
 from .orchestrator.embedded_handle import EmbeddedHandle
 from .orchestrator.handle import BatchHandle
@@ -38,8 +38,8 @@ def _options_for(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ba
     """Bind a public call to ``BatchOptions``; unknown keywords get a close match."""
     for key in kwargs:
         if key not in _SIGNATURE.parameters:
-            close = difflib.get_close_matches(key, list(_SIGNATURE.parameters), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = suggest(key, _SIGNATURE.parameters)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise UnknownParameter(f"{name}() got an unexpected keyword argument {key!r}{hint}")
     try:
         _SIGNATURE.bind(*args, **kwargs)

@@ -9,7 +9,6 @@ and the line for a bad JSONL input.
 from __future__ import annotations
 
 import csv
-import difflib
 import inspect
 import io
 import json
@@ -19,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import BatchSpecError
+from .orchestrator.aliases import suggest
 
 EXAMPLE = """\
 task: "Summarise the file at {path} in one sentence."
@@ -63,8 +63,8 @@ class BatchSpec(BaseModel):
         allowed = _submit_keywords()
         for key in self.model_extra or {}:
             if key not in allowed:
-                close = difflib.get_close_matches(key, [*allowed, *self.model_fields], n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                close = suggest(key, [*allowed, *self.model_fields])
+                hint = f" (did you mean {close!r}?)" if close else ""
                 raise ValueError(f"unknown key {key!r}{hint}")
         return self
 

@@ -1,0 +1,62 @@
+"""Each example in examples/ runs as a user would run it: a subprocess, with no backend
+configured (it starts its own simulator), and exits 0. The real-engine example runs against
+llama-server in tests/engine/test_engine_example.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import needs_redis
+from tests.support.workers import REPO
+
+EXAMPLES = REPO / "examples"
+DEADLINE_S = 240  # generous: the machine is shared, and each example starts a simulator
+# example -> a line its output must contain (what it is there to show)
+EXPECTED = {
+    "quickstart": "0 Loved it",
+    "tools_schema": "10 tool calls, 3 actual lookups",
+    "scatter_gather": "scatter_gather: ['GENE0', 'GENE1'",
+    "reduce": "map: 6/6 ok",
+    "map_reduce": "survey: title=",
+    "distributed": "'done': 20, 'total': 20",
+}
+ELSEWHERE = {"real_engine"}  # tests/engine/test_engine_example.py
+
+
+def run_example(name: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("AGENTBATCH_BACKEND", "AGENTBATCH_MODEL", "AGENTBATCH_REDIS_URL")}
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], cwd=REPO,
+                          env={**clean, **env}, capture_output=True, text=True,
+                          timeout=DEADLINE_S)
+
+
+def test_every_example_is_run_by_a_test():
+    found = {p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_")}
+    assert found == set(EXPECTED) | ELSEWHERE
+
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n != "distributed"])
+def test_example_runs_on_its_own_simulator(name):
+    done = run_example(name)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert EXPECTED[name] in done.stdout, done.stdout[-2000:]
+
+
+@needs_redis
+@pytest.mark.redis
+@pytest.mark.slow
+def test_distributed_example_starts_redis_and_a_worker():
+    done = run_example("distributed")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert EXPECTED["distributed"] in done.stdout
+
+
+def test_example_reads_the_backend_from_the_environment(sim, sim_url):
+    done = run_example("quickstart", AGENTBATCH_BACKEND=sim_url, AGENTBATCH_MODEL="sim-model")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sim.state.stats.as_dict()["requests"].get("chat_completions", 0) >= 5
