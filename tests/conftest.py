@@ -76,3 +76,14 @@ def start_workers(redis_url: str):
     yield start
     for p in started:
         p.stop(timeout=15)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Worker and redis logs, data dirs and rendered ACL files (passwords) live in one scratch
+    dir, removed at exit; a failed session keeps it and says where, for the logs."""
+    from tests.support import scratch
+
+    if exitstatus not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        kept = scratch.keep()
+        if kept is not None:
+            print(f"\nagentbatch test logs kept in {kept}")

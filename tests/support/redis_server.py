@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import redis
+
+from tests.support.scratch import scratch_dir
 
 
 def free_port() -> int:
@@ -28,7 +29,7 @@ class RedisServer:
         self.port = port or free_port()
         self.password = password
         self.appendonly = appendonly
-        self.dir = data_dir or Path(tempfile.mkdtemp(prefix="agentbatch-redis-"))
+        self.dir = data_dir or scratch_dir("redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

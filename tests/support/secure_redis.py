@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -13,6 +12,7 @@ from urllib.parse import quote
 import redis
 
 from tests.support.redis_server import free_port
+from tests.support.scratch import scratch_dir
 
 _OPENSSL_TIMEOUT_S = 30
 
@@ -64,7 +64,7 @@ class _Server:
             raise RuntimeError("redis-server is not installed (Debian package: redis-server)")
         self.binary = binary
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="agentbatch-redis-sec-"))
+        self.dir = scratch_dir("redis-sec-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _base_args(self) -> list[str]:

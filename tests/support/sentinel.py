@@ -11,13 +11,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import redis
+
+from tests.support.scratch import scratch_dir
 
 SERVICE = "agentbatch"
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class SentinelGroup:
     def __init__(self, *, down_after_ms: int = 1000, failover_timeout_ms: int = 10000) -> None:
         self.server = _binary("redis-server")
         self.sentinel = _binary("redis-sentinel")
-        self.dir = Path(tempfile.mkdtemp(prefix="agentbatch-sentinel-"))
+        self.dir = scratch_dir("sentinel-")
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.primary_port, self.replica_port, *self.sentinel_ports = distinct_ports(5)

@@ -6,10 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from tests.support.scratch import scratch_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ class WorkerProcess:
             "AGENTBATCH_WORKER_IMPORTS": "tests.support,agentbatch.toolpool.builtins",
             **(env or {}),
         }
-        self.log_path = Path(tempfile.mkstemp(prefix=f"agentbatch-{name}-", suffix=".log")[1])
+        self.log_path = scratch_file(f"worker-{name}-", ".log")
         self.proc: subprocess.Popen[bytes] | None = None
         # like compose/k8s restart policies: a worker that exits is started again
         self.supervise = supervise
