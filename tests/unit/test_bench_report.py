@@ -1,11 +1,25 @@
-"""benchmarks/report.py renders README tables from result JSONs; workloads render valid tasks."""
+"""benchmarks/report.py renders docs/results.md's tables from result JSONs, benchmarks/plot.py
+reads its bars from them; workloads render valid tasks."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentbatch.sim.script import parse_script
-from benchmarks.report import BEGIN, END, render_all, render_file, replace_section
+from benchmarks.plot import engine_bars, sim_bars
+from benchmarks.report import (
+    BEGIN,
+    DOCS_PAGE,
+    END,
+    RESULTS_DIR,
+    load_results,
+    main,
+    render_all,
+    render_file,
+    replace_section,
+)
 from benchmarks.workloads import WORKLOADS, get_workload
 
 
@@ -78,8 +92,6 @@ def test_unknown_benchmark_kind_is_reported_not_raised():
 def test_render_all_reads_result_files(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(EMBEDDED))
     (tmp_path / "broken.json").write_text("{")
-    from benchmarks.report import load_results
-
     out = render_all(load_results(tmp_path))
     assert "Source: `a.json`" in out and "broken" not in out
     assert render_all([]) == "_No results yet._"
@@ -92,6 +104,49 @@ def test_replace_section_keeps_the_text_around_the_markers():
     assert "NEW" in new and "old table" not in new
     assert replace_section(new, "NEWER").count(BEGIN) == 1
     assert replace_section("no markers", "X").endswith(f"{BEGIN}\n\nX\n\n{END}\n")
+
+
+def test_write_rewrites_the_marked_section_of_the_page(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "a.json").write_text(json.dumps(EMBEDDED))
+    page = tmp_path / "results.md"
+    page.write_text(f"# Results\n\n{BEGIN}\nold table\n{END}\n\noutro\n")
+    assert main(["--results", str(results), "--write", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Results\n\n") and text.endswith("\n\noutro\n")
+    assert "old table" not in text and "| agentbatch embedded | 0.500 |" in text
+
+
+def test_the_docs_results_page_holds_the_tables_of_the_committed_results():
+    """The page's tables are generated, never edited by hand: regenerating changes nothing."""
+    page = DOCS_PAGE.read_text()
+    body = render_all(load_results(RESULTS_DIR), root=RESULTS_DIR.resolve().parent.parent)
+    assert replace_section(page, body) == page, "run: python -m benchmarks.report --write"
+    assert "Source: `benchmarks/results/engine.json`" in page
+
+
+def test_plot_bars_come_from_the_result_files():
+    engine = {"summary": {"tools_40": {
+        "naive": {"wall_ratio_to_naive": 1.0, "valid_median": 40, "timed_out_runs": 0},
+        "embedded": {"wall_ratio_to_naive": 0.71, "valid_median": 40, "timed_out_runs": 0},
+        "batch_agent": {"wall_ratio_to_naive": 1.58, "valid_median": 0, "timed_out_runs": 1},
+        "naive_stream": {"wall_ratio_to_naive": 1.0, "valid_median": 40}}}}
+    [(workload, bars)] = engine_bars(engine)
+    assert workload == "tools_40"
+    assert [(b["key"], b["ratio"], b["valid"], b["cut_off"]) for b in bars] == [
+        ("embedded", 0.71, 40, False), ("naive", 1.0, 40, False),
+        ("batch_agent", 1.58, 0, True)]  # systems the plot does not show are left out
+    assert [(b["label"], b["wall"]) for b in sim_bars(EMBEDDED)] == [
+        ("agentbatch embedded", 0.5), ("naive asyncio.gather (aiohttp)", 0.36)]
+
+
+def test_plot_draws_a_png_from_the_committed_results(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs the docs extra")
+    from benchmarks.plot import draw
+
+    out = draw(RESULTS_DIR, tmp_path / "peers.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_workload_tasks_script_one_tool_call_per_round():
