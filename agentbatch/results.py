@@ -62,6 +62,8 @@ class AgentResult(BaseModel):
     turns: int = 0
     usage: Usage = Field(default_factory=Usage)
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    # ``usage`` at the batch's ``prices`` (US dollars); None when the batch has no prices.
+    cost_usd: float | None = None
     latency_s: float | None = None
     # Seconds from sending the agent's first streamed model turn to its first token; None
     # when no turn streamed (streaming is a backend option: ``?stream=1``, llamacpp:// default).

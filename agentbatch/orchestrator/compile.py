@@ -28,6 +28,7 @@ from .json_tool_calling import mode_for_backends
 from .options import BatchOptions
 from .output import OutputContract
 from .plan import BatchPlan, ToolRef
+from .pricing import load_prices
 from .tool_choice import check_backends as check_tool_choice_backends
 from .validate import check_inputs, check_options, check_tools
 
@@ -198,7 +199,8 @@ def compile_batch(opts: BatchOptions) -> CompiledBatch:
         output_schema_path=schema_import_path(opts.output_schema),
         output_schema_name=contract.name,
         output_json_schema=contract.json_schema,
-        **{**BatchPlan.option_values(opts), "tool_calling": tool_calling},
+        **{**BatchPlan.option_values(opts), "tool_calling": tool_calling,
+           "prices": load_prices(opts.prices, opts.model)},
         created_at=time.time(),
     )
     states = [

@@ -89,4 +89,4 @@ class EmbeddedEngine:
                 state = step(policy, state, Abandoned("internal", f"{type(exc).__name__}: {exc}"))
         self.states[state.index] = state
         latency = time.monotonic() - self._started
-        self.sink(materialize(result_from_state(state, latency), self.rt.contract))
+        self.sink(materialize(result_from_state(state, latency, self.rt.plan), self.rt.contract))

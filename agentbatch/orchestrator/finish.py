@@ -5,10 +5,14 @@ from __future__ import annotations
 from ..results import AgentError, AgentResult
 from .agent_state import AgentState, AgentStatus
 from .output import OutputContract
+from .plan import BatchPlan
+from .pricing import plan_cost
 
 
-def result_from_state(state: AgentState, latency_s: float | None = None) -> AgentResult:
-    """The JSON-ready result; ``output`` is still the plain validated JSON value."""
+def result_from_state(state: AgentState, latency_s: float | None = None,
+                      plan: BatchPlan | None = None) -> AgentResult:
+    """The JSON-ready result; ``output`` is still the plain validated JSON value;
+    ``cost_usd`` from the agent's usage at ``plan.prices`` (None without)."""
     ok = state.status is AgentStatus.DONE
     error = state.error
     if not ok and error is None:
@@ -22,6 +26,7 @@ def result_from_state(state: AgentState, latency_s: float | None = None) -> Agen
         error=None if ok else error,
         turns=state.turns,
         usage=state.usage,
+        cost_usd=None if plan is None else plan_cost(state.usage, plan.prices, plan.model),
         tool_calls=state.tool_log,
         latency_s=latency_s,
         ttft_s=state.ttft_s,

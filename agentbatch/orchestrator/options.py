@@ -74,6 +74,13 @@ class BatchOptions:
         "completion token cap per model call (>= 1; None: server default)."))
     temperature: float | None = field(default=None, metadata=_doc(
         "sampling temperature (finite, >= 0; None: server default)."))
+    prices: Mapping[str, Mapping[str, float]] | str | os.PathLike[str] | None = field(
+        default=None, metadata=_doc(
+            "model name -> USD per million tokens: ``prompt``, ``cached_prompt``, "
+            "``completion`` and the same with a ``batch_`` prefix (provider batch APIs), or "
+            "the path of a YAML or JSON file holding that (env ``AGENTBATCH_PRICES``). With "
+            "it every result carries ``cost_usd`` and ``progress()`` the spend so far; the "
+            "batch's model must be in it, prices finite and >= 0 (orchestrator/pricing.py)."))
     on_result: Callable[[AgentResult], object] | None = field(default=None, metadata=_doc(
         "called with each result as it arrives; exceptions are logged, never raised."))
     redis_url: str | None = field(default=None, metadata=_doc(
@@ -123,7 +130,9 @@ def with_environment(opts: BatchOptions) -> BatchOptions:
     if not backend:
         raise BatchSpecError("backend is required, e.g. 'vllm://host:8000' (or AGENTBATCH_BACKEND)")
     return replace(opts, model=model, backend=backend, tools=opts.tools or (),
-                   redis_url=opts.redis_url or os.environ.get("AGENTBATCH_REDIS_URL"))
+                   redis_url=opts.redis_url or os.environ.get("AGENTBATCH_REDIS_URL"),
+                   prices=opts.prices if opts.prices is not None
+                   else os.environ.get("AGENTBATCH_PRICES") or None)
 
 
 BatchOptions.__doc__ = f"{BatchOptions.__doc__}\n\n{args_doc()}"

@@ -57,6 +57,8 @@ class BatchPlan(BaseModel):
     max_server_waiting: int | None = _default("max_server_waiting")
     max_tool_calls_per_turn: int = _default("max_tool_calls_per_turn")
     max_tool_output_chars: int = _default("max_tool_output_chars")
+    # the batch model's entry of ``prices``, read and checked at submit (``pricing.py``)
+    prices: dict[str, dict[str, float]] | None = _default("prices")
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")

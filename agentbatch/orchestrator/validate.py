@@ -23,6 +23,7 @@ from ..state.connection import check_url
 from ..toolpool import Tool
 from .json_tool_calling import check_mode as check_tool_calling
 from .options import BatchOptions
+from .pricing import load_prices
 from .tool_choice import check_value as check_tool_choice
 
 
@@ -197,6 +198,7 @@ def check_options(opts: BatchOptions) -> None:
     check_schema(opts.output_schema)
     check_tool_calling(opts.tool_calling)
     check_tool_choice(opts.tool_choice, has_tools=bool(opts.tools))
+    load_prices(opts.prices, opts.model)  # read and checked here; compile reads it again
     if opts.on_result is not None and not callable(opts.on_result):
         raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")
     if opts.checkpoint_dir is not None:

@@ -76,7 +76,7 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
     if new.terminal:
         latency = max(time.time() - loaded.plan.created_at, 0.0)
         whole = new if logged else await loaded.store.full_log(new)
-        result_json = result_from_state(whole, latency).model_dump_json()
+        result_json = result_from_state(whole, latency, loaded.plan).model_dump_json()
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     if old.status is AgentStatus.AWAITING_TOOLS and len(old.pending_calls) > 1:
         consumed = [loaded.store.k.tool_results(old.index, old.version), *consumed]

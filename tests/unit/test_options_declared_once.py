@@ -58,7 +58,8 @@ def test_every_plan_option_is_declared_with_the_same_default_and_round_trips():
               "timeout_per_tool": 4.0, "max_tokens": 11, "temperature": 0.5,
               "native_json_schema": False, "warm_prefix": False, "batch_prompting": False,
               "max_server_waiting": 2, "max_tool_calls_per_turn": 5,
-              "max_tool_output_chars": 99, "tool_calling": "native", "tool_choice": "required"}
+              "max_tool_output_chars": 99, "tool_calling": "native", "tool_choice": "required",
+              "prices": {"m": {"prompt": 1.0, "completion": 2.0}}}
     assert set(chosen) == set(carried)
     # json tool calling needs the schema sent: each value differs from its default in one
     # (and batch prompting tool turns needs json mode)
