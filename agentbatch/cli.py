@@ -245,7 +245,10 @@ def _run_help() -> str:
 @app.command(help=_run_help())
 def run(spec: Path = typer.Argument(..., exists=True, dir_okay=False,
                                     help="A YAML batch spec."),
-        output: Path = typer.Option(None, "--output", "-o", help="Results JSONL path.")) -> None:
+        output: Path = typer.Option(None, "--output", "-o", help="Results JSONL path."),
+        checkpoint_dir: Path = typer.Option(
+            None, "--checkpoint-dir", help="Checkpoint the batch here (embedded engine); run "
+            "the same command again after a crash to resume it (docs/checkpoints.md).")) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from . import submit_batch
@@ -255,7 +258,10 @@ def run(spec: Path = typer.Argument(..., exists=True, dir_okay=False,
     try:
         batch = load_spec(spec)
         inputs = load_inputs(batch, spec.parent)
-        handle = submit_batch(batch.task, inputs, **batch.submit_kwargs())
+        kwargs = batch.submit_kwargs()
+        if checkpoint_dir is not None:
+            kwargs["checkpoint_dir"] = str(checkpoint_dir)
+        handle = submit_batch(batch.task, inputs, **kwargs)
     except AgentBatchError as exc:
         raise _fail(str(exc)) from None
     out_path = output or Path(batch.output or spec.with_suffix(".results.jsonl").name)

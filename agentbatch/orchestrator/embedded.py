@@ -10,10 +10,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import ServerBusy
 from ..results import AgentResult
-from .agent_state import AgentState
+from .agent_state import AgentState, AgentStatus
 from .backpressure import BackpressureGate, turn_deadline
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
@@ -21,14 +22,20 @@ from .runtime import BatchRuntime
 from .turn_io import EarlyTools, call_model, run_tools
 from .turns import Abandoned, CallModel, Cancelled, Event, ModelFailed, next_action, step
 
+if TYPE_CHECKING:
+    from ..checkpoint import CheckpointStore
+
 log = logging.getLogger(__name__)
 
 
 class EmbeddedEngine:
     def __init__(self, rt: BatchRuntime, states: list[AgentState],
                  sink: Callable[[AgentResult], None], *, max_inflight: int,
-                 gate: BackpressureGate | None = None) -> None:
+                 gate: BackpressureGate | None = None, checkpoint: CheckpointStore | None = None,
+                 ended: dict[int, float | None] | None = None) -> None:
         self.rt = rt
+        self.checkpoint = checkpoint  # saves each committed state before the next action
+        self.ended = ended or {}  # agents that ended in an earlier run: index -> latency
         self.states = {s.index: s for s in states}
         self.sink = sink
         self.slots = PrioritySlots(max_inflight)
@@ -78,6 +85,8 @@ class EmbeddedEngine:
                     early = EarlyTools(self.rt, state)
                 state = step(policy, state, await self._perform(state, action, early))
                 self.states[state.index] = state
+                if self.checkpoint is not None and not state.terminal:  # the one commit
+                    await self.checkpoint.save(state)  # point; the end is saved below
                 if isinstance(action, CallModel):
                     self.early_started += len(early.tasks)
         except asyncio.CancelledError:
@@ -88,5 +97,21 @@ class EmbeddedEngine:
             if not state.terminal:
                 state = step(policy, state, Abandoned("internal", f"{type(exc).__name__}: {exc}"))
         self.states[state.index] = state
-        latency = time.monotonic() - self._started
+        if state.index in self.ended:  # its result comes from the checkpoint, as it was
+            latency = self.ended[state.index]
+        else:
+            latency = time.monotonic() - self._started
+            await self._save_end(state, latency)
         self.sink(materialize(result_from_state(state, latency, self.rt.plan), self.rt.contract))
+
+    async def _save_end(self, state: AgentState, latency: float) -> None:
+        """Checkpoint an ended agent. A cancelled one is not saved: a re-run continues it
+        from its last committed state. A failed write only costs a repeat on a re-run."""
+        if self.checkpoint is None or state.status is AgentStatus.CANCELLED:
+            return
+        try:
+            await self.checkpoint.save(state, latency)
+        except asyncio.CancelledError:  # the writer still writes it; deliver the result
+            pass
+        except Exception:
+            log.exception("agent %s: its end could not be checkpointed", state.index)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..backends.setup import inflight_hint, open_backend, preflight_backend, warm_backend
+from ..checkpoint import CheckpointStore, close_checkpoint, open_for_batch
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
 from .backpressure import BackpressureGate
@@ -39,6 +40,7 @@ class EmbeddedHandle(BatchHandle):
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending_cancel = False
+        self._checkpoint: CheckpointStore | None = None
 
     # --- starting -------------------------------------------------------------------------
 
@@ -46,12 +48,14 @@ class EmbeddedHandle(BatchHandle):
         plan = self.compiled.plan
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                batch_prompting=plan.batch_prompting)
-        try:
+        try:  # the checkpoint first: a bad checkpoint_dir is refused before any request
+            self._checkpoint, resumed = await open_for_batch(self.compiled, self.opts)
             await preflight_backend(backend, plan)
             if plan.warm_prefix and self.total > 1:
                 await warm_backend(backend, plan)
         except BaseException:
             await backend.aclose()
+            await close_checkpoint(self._checkpoint)
             raise
         pool = ToolPool(self.compiled.tools, cache=TTLCache(max_entries=10_000),
                         max_output_chars=plan.max_tool_output_chars)
@@ -63,8 +67,9 @@ class EmbeddedHandle(BatchHandle):
         gate = None
         if plan.max_server_waiting is not None:
             gate = BackpressureGate(backend, max_waiting=plan.max_server_waiting)
-        self.engine = EmbeddedEngine(rt, self.compiled.states, self._sink, max_inflight=limit,
-                                     gate=gate)
+        self.engine = EmbeddedEngine(rt, resumed.states, self._sink, max_inflight=limit,
+                                     gate=gate, checkpoint=self._checkpoint,
+                                     ended=resumed.ended)
         if self._pending_cancel:
             self.engine.cancel()
         return rt
@@ -77,6 +82,7 @@ class EmbeddedHandle(BatchHandle):
             try:
                 await rt.backend.aclose()
             finally:
+                await close_checkpoint(self._checkpoint)  # never raises
                 self.buffer.close()
 
     async def start_in_loop(self) -> None:

@@ -87,8 +87,15 @@ class BatchOptions:
         "selects the distributed engine (env ``AGENTBATCH_REDIS_URL``)."))
     batch_id: str | None = field(default=None, metadata=_doc(
         "a caller-chosen id (default: random)."))
-    checkpoint_dir: str | None = field(default=None, metadata=_doc(
-        "where the embedded engine checkpoints (reserved)."))
+    checkpoint_dir: str | os.PathLike[str] | None = field(default=None, metadata=_doc(
+        "a directory where the embedded engine keeps a SQLite checkpoint (WAL) of every "
+        "agent after each committed turn and tool round. Run the same batch again with it "
+        "after a crash: finished agents come back from it without a model call, unfinished "
+        "ones continue from their last committed turn (docs/checkpoints.md). Refused with "
+        "redis_url: the distributed engine keeps its state in Redis."))
+    retry_failed: bool = field(default=True, metadata=_doc(
+        "with checkpoint_dir: agents that ended in failure in an earlier run start over "
+        "(False: their stored failures are returned as they were)."))
     native_json_schema: bool = field(default=True, metadata=_doc(
         "also send the schema as ``response_format`` where it can apply."))
     warm_prefix: bool = field(default=True, metadata=_doc(

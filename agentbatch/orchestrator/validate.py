@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -201,10 +202,28 @@ def check_options(opts: BatchOptions) -> None:
     load_prices(opts.prices, opts.model)  # read and checked here; compile reads it again
     if opts.on_result is not None and not callable(opts.on_result):
         raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")
-    if opts.checkpoint_dir is not None:
-        raise BatchSpecError("checkpoint_dir is not supported yet (checkpoint/resume of the "
-                             "embedded engine is planned); use the distributed engine "
-                             "(redis_url=...) for batches that must survive a crash")
+    _check_checkpoint(opts)
+
+
+def _check_checkpoint(opts: BatchOptions) -> None:
+    """What can be told without touching the directory (``checkpoint.open_checkpoint`` opens
+    it, and refuses what only opening finds)."""
+    if not isinstance(opts.retry_failed, bool):
+        raise BatchSpecError(f"retry_failed must be True or False, got {show(opts.retry_failed)}")
+    where = opts.checkpoint_dir
+    if where is None:
+        return
+    if not isinstance(where, str | os.PathLike) or not os.fspath(where):
+        raise BatchSpecError("checkpoint_dir must be a directory path (str or Path) or None, "
+                             f"got {show(where)}")
+    if opts.redis_url:
+        raise BatchSpecError(
+            "checkpoint_dir is for the embedded engine; the distributed engine (redis_url=...) "
+            "does not take it: its agents' state lives in Redis, so the batch survives the "
+            "submitter's death by design (re-attach with get_batch(batch_id)); see "
+            "docs/checkpoints.md")
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BatchSpecError(f"checkpoint_dir {os.fspath(where)!r} is a file, not a directory")
 
 
 # --- inputs -------------------------------------------------------------------------------
