@@ -125,7 +125,12 @@ async def asubmit_batch(opts: BatchOptions) -> BatchHandle:
 @_takes(BatchOptions)
 def run_batch(opts: BatchOptions) -> list[AgentResult]:
     """Run a batch to the end; results in input order."""
+    from .orchestrator import progress_display
+
+    show = progress_display.resolve(opts.progress)  # before anything is sent
     with _submit(opts) as handle:
+        if show:
+            return progress_display.show_while(handle, handle.wait)
         return handle.wait()
 
 

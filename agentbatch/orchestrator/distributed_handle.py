@@ -23,8 +23,10 @@ from ..state.keys import BatchKeys
 from ..state.redis_store import CANCEL_GONE, cancel_batch
 from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
 from .agent_state import AgentStatus
+from .distributed_progress import DistributedProgress
 from .handle import BatchHandle
 from .output import OutputContract
+from .progress import BatchProgress
 from .validate import check_cursor
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class DistributedHandle(BatchHandle):
         self.contract = OutputContract(schema)
         self.cursor = "0-0"
         self._client = sync_client(redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
+        self._progress: DistributedProgress | None = None
 
     # --- reading --------------------------------------------------------------------------
 
@@ -188,6 +191,21 @@ class DistributedHandle(BatchHandle):
             if why is not None:
                 raise oom_error(self.batch_id, why, counts)
         return counts
+
+    def progress(self) -> BatchProgress:
+        """A snapshot read from Redis at a bounded cost (``distributed_progress.py``); the
+        handle keeps the reader, so each result is read once however often this is called.
+        Raises ``BatchExpired`` / ``BatchLost`` when the batch's keys are gone."""
+        if self._progress is None:
+            self._progress = DistributedProgress(self._client, self.batch_id, self.total,
+                                                 self._recovering)
+        return self._progress.snapshot(self._meta)
+
+    def _meta(self) -> dict[str, str]:
+        meta = self._client.hgetall(self.keys.meta)
+        if not meta:
+            raise self._lost("its state is no longer in Redis")
+        return meta
 
     def _recovering(self) -> int:
         """Agents the sweep re-sent that have not progressed since: their ``resends`` entry

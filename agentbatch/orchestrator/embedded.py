@@ -7,9 +7,10 @@ the model call itself, so agents waiting on tools never hold backend capacity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import ServerBusy
@@ -44,6 +45,14 @@ class EmbeddedEngine:
         self._tasks: list[asyncio.Task[None]] = []
         self._cancel_reason: str | None = None
         self._started = time.monotonic()
+        # index -> when its current model call (slot held) or tool round started: progress()
+        self.in_model: dict[int, float] = {}
+        self.in_tools: dict[int, float] = {}
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when the batch started running."""
+        return self._started
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -73,8 +82,10 @@ class EmbeddedEngine:
                 except ServerBusy as exc:
                     return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
             async with self.slots.slot(action.turns_left):
-                return await call_model(self.rt, state, action, early)
-        return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]
+                with _busy(self.in_model, state.index):
+                    return await call_model(self.rt, state, action, early)
+        with _busy(self.in_tools, state.index):
+            return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]
 
     async def _drive(self, state: AgentState) -> None:
         policy = self.rt.policy
@@ -115,3 +126,13 @@ class EmbeddedEngine:
             pass
         except Exception:
             log.exception("agent %s: its end could not be checkpointed", state.index)
+
+
+@contextlib.contextmanager
+def _busy(since: dict[int, float], index: int) -> Iterator[None]:
+    """Mark ``index`` busy in ``since`` for the block (what progress() reports as running)."""
+    since[index] = time.monotonic()
+    try:
+        yield
+    finally:
+        since.pop(index, None)

@@ -21,6 +21,7 @@ from .compile import CompiledBatch
 from .embedded import EmbeddedEngine
 from .handle import BatchHandle
 from .options import DEFAULT_MAX_INFLIGHT, BatchOptions
+from .progress import BatchProgress, Throughput, embedded_snapshot
 from .result_buffer import ResultBuffer
 from .runtime import BatchRuntime
 
@@ -41,6 +42,8 @@ class EmbeddedHandle(BatchHandle):
         self._task: asyncio.Task[None] | None = None
         self._pending_cancel = False
         self._checkpoint: CheckpointStore | None = None
+        self._rate = Throughput()
+        self._final: BatchProgress | None = None
 
     # --- starting -------------------------------------------------------------------------
 
@@ -144,6 +147,17 @@ class EmbeddedHandle(BatchHandle):
         counts["finished"] = int(self.buffer.finished)
         counts["delivered"] = len(self.buffer)
         return counts
+
+    def progress(self) -> BatchProgress:
+        """Counts, tokens, throughput and ETA from the engine's in-memory states."""
+        if self._final is not None:
+            return self._final
+        finished = self.buffer.finished
+        snap = embedded_snapshot(self.engine, batch_id=self.batch_id, total=self.total,
+                                 finished=finished, rate=self._rate)
+        if finished:  # frozen: elapsed stops at the end
+            self._final = snap
+        return snap
 
     def stats(self) -> dict[str, object]:
         """Requests sent, retries, peak in-flight requests and tool-pool counters."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..results import AgentResult
+from .progress import BatchProgress
 
 
 class BatchHandle(abc.ABC):
@@ -43,6 +44,11 @@ class BatchHandle(abc.ABC):
     @abc.abstractmethod
     def status(self) -> dict[str, int]:
         """Counts by agent state, plus ``total`` and ``finished``."""
+
+    @abc.abstractmethod
+    def progress(self) -> BatchProgress:
+        """A typed snapshot: done, failed by kind, running, awaiting tools, queued, tokens,
+        throughput, ETA, the engine. Cheap enough to call every second."""
 
     @abc.abstractmethod
     def cancel(self) -> None:

@@ -83,6 +83,11 @@ class BatchOptions:
             "batch's model must be in it, prices finite and >= 0 (orchestrator/pricing.py)."))
     on_result: Callable[[AgentResult], object] | None = field(default=None, metadata=_doc(
         "called with each result as it arrives; exceptions are logged, never raised."))
+    progress: bool | None = field(default=None, metadata=_doc(
+        "``run_batch`` shows a live progress bar on stderr (rich; tqdm's notebook bar in "
+        "Jupyter when tqdm is installed): done, failed by kind, running, awaiting tools, "
+        "throughput, ETA, engine. None: on when stderr is a terminal or in Jupyter, and the "
+        "``CI`` environment variable is unset. Submitter-side only: not sent to workers."))
     redis_url: str | None = field(default=None, metadata=_doc(
         "selects the distributed engine (env ``AGENTBATCH_REDIS_URL``)."))
     batch_id: str | None = field(default=None, metadata=_doc(
