@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -73,12 +73,17 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # How the prompt was sized against the context before it was sent: "counted" by the
+    # server's own /tokenize, or "estimated" from its characters; None when no context
+    # length was known, so nothing was checked (``orchestrator/context_fit.py``).
+    prompt_count: Literal["counted", "estimated"] | None = None
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
+            prompt_count=other.prompt_count or self.prompt_count,
         )
 
 

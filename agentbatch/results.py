@@ -21,6 +21,8 @@ ErrorKind = Literal[
     "schema_import",  # the output schema's import path did not import there
     "config",  # the backend could not be built there (e.g. a missing API key)
     "internal",  # a bug or damaged state: the step raised, or the state entry is unreadable
+    # the next turn's prompt does not fit the context, even after compaction (never sent):
+    "context_overflow",
 ]
 
 

@@ -125,6 +125,19 @@ class Backend(ABC):
         calls it (appending registers nothing)."""
         return []
 
+    async def context_length(self) -> int | None:
+        """Called before each turn (``context_fit.fit_request``, both engines): the model's
+        context in tokens as the server states it, learnt once. Default None: unknown, so
+        prompts are checked only against ``max_context_tokens``."""
+        return None
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        """Called by ``context_fit`` when a prompt may not fit: its size in the server's own
+        tokens (its ``/tokenize``), chat template included for messages. Default None: the
+        server cannot count, so the size is estimated from its characters."""
+        return None
+
     @property
     def requests_sent(self) -> int | None:
         """HTTP requests sent for model calls, read for stats (``embedded_handle.stats``,
@@ -190,6 +203,13 @@ class BackendWrapper(Backend):
     @property
     def listeners(self) -> list[RetryListener]:
         return self._inner.listeners
+
+    async def context_length(self) -> int | None:
+        return await self._inner.context_length()
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        return await self._inner.count_tokens(prompt, tools)
 
     @property
     def requests_sent(self) -> int | None:

@@ -260,10 +260,40 @@ class LlamaCppBackend(OpenAICompatBackend):
                             self.name, exc)
             self._no_slots = True
 
+    async def _learn_context(self) -> tuple[bool, int | None]:
+        """The context of one slot, ``default_generation_settings.n_ctx`` on ``/props``
+        (``--ctx-size`` divided by ``--parallel``): a prompt must fit the slot it runs in."""
+        try:
+            props = await self.props()
+        except BackendUnavailable:
+            return False, None
+        except (BackendError, ConfigError):
+            return True, None
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return True, n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        """Messages rendered by the server's template (``/apply-template``, tools included),
+        then counted by its ``/tokenize``."""
+        if not self._counts:
+            return None
+        if not isinstance(prompt, str):
+            body: dict[str, Any] = {"messages": prompt, **({"tools": tools} if tools else {})}
+            try:
+                prompt = await self._apply_template_body(body)
+            except BackendError as exc:
+                if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                    self._counts = False
+                return None
+        return await self._post_count("/tokenize", {"content": prompt, "add_special": True})
+
     async def _apply_template(self, messages: list[Message]) -> str:
-        body = await self._session.post_json(
-            "/apply-template", {"messages": messages}, {}, PROPS_TIMEOUT_S
-        )
+        return await self._apply_template_body({"messages": messages})
+
+    async def _apply_template_body(self, request: dict[str, Any]) -> str:
+        body = await self._session.post_json("/apply-template", request, {}, PROPS_TIMEOUT_S)
         prompt = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(prompt, str):
             raise ServerError(f"{self.name}: /apply-template returned no prompt", status=200)

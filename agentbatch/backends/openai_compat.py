@@ -11,6 +11,7 @@ per-turn deadline is enforced around the whole exchange, not just per socket rea
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 300.0
 METRICS_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 5.0
+CONTEXT_TIMEOUT_S = 10.0  # /v1/models and /tokenize: small, quick answers
 
 _SELF_HOSTED = BackendCapabilities(
     native_json_schema=True, prefix_cache_metrics=True, prefix_warming=True, batch_prompting=True
@@ -122,6 +124,10 @@ class OpenAICompatBackend(Backend):
                                            timeout=self.timeout, max_connections=max_connections,
                                            secret=self._api_key)
         self._prefix_counters: PrefixCounters | None = None
+        self._context: int | None = None  # context_length, once the server answered
+        self._context_learnt = False
+        self._context_lock = asyncio.Lock()
+        self._counts = True  # False once the server showed it has no usable /tokenize
         # OpenAI's reasoning models reject max_tokens; every other server expects it.
         self._max_tokens_field = (
             "max_completion_tokens" if target.host == OPENAI_HOST else "max_tokens"
@@ -268,6 +274,63 @@ class OpenAICompatBackend(Backend):
         if counters is not None:
             self._prefix_counters = counters
         return load
+
+    # -- context length and token counts ---------------------------------------------------
+
+    async def context_length(self) -> int | None:
+        """The context the server states, learnt once (``_learn_context``); None when it
+        states none. A server that does not answer now is asked again next time."""
+        if not self._context_learnt:
+            async with self._context_lock:  # the first turns of every agent arrive together
+                if not self._context_learnt:
+                    answered, self._context = await self._learn_context()
+                    self._context_learnt = answered
+        return self._context
+
+    async def _learn_context(self) -> tuple[bool, int | None]:
+        """(answered, context): the smallest ``max_model_len`` on ``GET /v1/models`` (vLLM,
+        SGLang, the simulator); OpenAI's listing states none."""
+        if self.target.scheme == "openai":
+            return True, None
+        text = await self._session.get_text("/v1/models", CONTEXT_TIMEOUT_S)
+        if text is None:
+            return False, None
+        try:
+            data = json.loads(text).get("data")
+            lengths = [int(m["max_model_len"]) for m in data
+                       if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
+        except (ValueError, AttributeError, TypeError):
+            return True, None
+        return True, min(lengths) if lengths else None
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        """vLLM's ``POST /tokenize`` (messages through the chat template, tools included);
+        None, so the engine estimates, where the server has no such endpoint."""
+        if self.target.scheme == "openai" or not self._counts:
+            return None
+        body: dict[str, Any] = ({"prompt": prompt} if isinstance(prompt, str) else
+                                {"messages": prompt, "add_generation_prompt": True})
+        if tools and not isinstance(prompt, str):
+            body["tools"] = tools
+        if self.target.model:
+            body["model"] = self.target.model
+        return await self._post_count("/tokenize", body)
+
+    async def _post_count(self, path: str, body: dict[str, Any]) -> int | None:
+        """The token count of ``POST path``; an endpoint that refuses stops being asked."""
+        try:
+            reply = await self._session.post_json(path, body, {}, CONTEXT_TIMEOUT_S)
+        except BackendError as exc:
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                log.info("%s: %s answered HTTP %s: prompt sizes are estimated", self.name,
+                         path, exc.status)
+                self._counts = False
+            return None
+        tokens = reply.get("tokens") if isinstance(reply, dict) else None
+        if isinstance(reply, dict) and isinstance(reply.get("count"), int):
+            return int(reply["count"])
+        return len(tokens) if isinstance(tokens, list) else None
 
     # -- batch prompting --------------------------------------------------------------------
 

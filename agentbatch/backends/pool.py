@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
-from ..model_io import ModelRequest, ModelResponse
+from ..model_io import Message, ModelRequest, ModelResponse
 from .base import Backend, ServerLoad
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,21 @@ class EndpointPool(Backend):
         if len(failures) == len(targets):
             detail = "; ".join(f"{ep.name}: {err}" for ep, err in failures)
             raise BackendUnavailable(f"no endpoint warmed up: {detail}")
+
+    async def context_length(self) -> int | None:
+        """The smallest context any endpoint states: a turn may be routed to any of them."""
+        found = await asyncio.gather(*(ep.backend.context_length() for ep in self._eps),
+                                     return_exceptions=True)
+        lengths = [n for n in found if isinstance(n, int)]
+        return min(lengths) if lengths else None
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        """The first admitted endpoint's count (they serve one model: one tokenizer)."""
+        for ep in self._eps:
+            if not ep.ejected:
+                return await ep.backend.count_tokens(prompt, tools)
+        return None
 
     async def fetch_load(self) -> ServerLoad | None:
         """Summed running/waiting over admitted endpoints; the mean prefix-cache hit rate."""

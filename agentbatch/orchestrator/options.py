@@ -28,6 +28,7 @@ DEFAULT_MAX_TOOL_CALLS_PER_TURN = 32
 
 ToolCalling = Literal["native", "json", "auto"]
 ToolChoice = Literal["auto", "required"]
+Compaction = Literal["truncate", "summarize"]
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -66,6 +67,20 @@ class BatchOptions:
         "a tool's output (or error) longer than this is cut to it, the cut marked "
         "``[... truncated N of M chars by agentbatch]`` for the model, before it is stored or "
         "sent; a tool's own ``max_output_chars`` overrides it. >= 1."))
+    max_context_tokens: int | None = field(default=None, metadata=_doc(
+        "the model's context length in tokens; None: learnt from the server (vLLM's "
+        "``/v1/models`` ``max_model_len``, llama.cpp's ``/props`` ``n_ctx``), and unchecked "
+        "where the server does not say. A turn whose prompt plus ``max_tokens`` would not fit "
+        "is never sent: compaction runs first, else the agent ends ``context_overflow``. >= 1."))
+    compaction: Compaction | None = field(default=None, metadata=_doc(
+        'what to do once a prompt passes ``compaction_threshold`` of the context. '
+        '``"truncate"``: cut tool outputs, oldest first, each with a marker saying what was '
+        'removed. ``"summarize"``: replace older turns with a summary made by a model call. '
+        "None: nothing (a prompt that does not fit ends the agent). The stored conversation "
+        "is never rewritten: compaction is applied to the prompt as it is built, after the "
+        "byte-identical shared prefix."))
+    compaction_threshold: float = field(default=0.8, metadata=_doc(
+        "the fraction of the context, in (0, 1], past which compaction starts."))
     timeout_per_turn: float | None = field(default=120.0, metadata=_doc(
         "seconds for one model call attempt (finite, > 0; None: no limit)."))
     timeout_per_tool: float | None = field(default=60.0, metadata=_doc(

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .options import BatchOptions, ToolChoice
+from .options import BatchOptions, Compaction, ToolChoice
 
 _DEFAULTS = {f.name: f.default for f in fields(BatchOptions) if f.default is not MISSING}
 
@@ -57,6 +57,9 @@ class BatchPlan(BaseModel):
     max_server_waiting: int | None = _default("max_server_waiting")
     max_tool_calls_per_turn: int = _default("max_tool_calls_per_turn")
     max_tool_output_chars: int = _default("max_tool_output_chars")
+    max_context_tokens: int | None = _default("max_context_tokens")
+    compaction: Compaction | None = _default("compaction")
+    compaction_threshold: float = _default("compaction_threshold")
     # the batch model's entry of ``prices``, read and checked at submit (``pricing.py``)
     prices: dict[str, dict[str, float]] | None = _default("prices")
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)

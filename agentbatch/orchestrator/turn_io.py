@@ -10,20 +10,32 @@ import logging
 
 from ..backends.sse import tool_call_listener
 from ..errors import BackendError
-from ..model_io import ToolCall, ToolOutcome
+from ..model_io import ToolCall, ToolOutcome, Usage
 from ..toolpool import ToolContext
 from .agent_state import AgentState
+from .context_fit import fit_request
 from .json_tool_calling import adapt_request, parse_reply
 from .render import build_request
 from .runtime import BatchRuntime
-from .turns import CallModel, Event, ModelFailed, ModelReplied, RunTools, ToolsFinished
+from .turns import (
+    Abandoned,
+    CallModel,
+    Event,
+    ModelFailed,
+    ModelReplied,
+    RunTools,
+    ToolsFinished,
+)
 
 log = logging.getLogger(__name__)
 
 
 async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
                      early: EarlyTools | None = None) -> Event:
-    request = build_request(rt.plan, state, action)
+    fitted = await fit_request(rt, state, build_request(rt.plan, state, action))
+    if isinstance(fitted, Abandoned):  # the prompt cannot fit the context: never sent
+        return fitted
+    request = fitted.request
     json_tools = rt.plan.tool_calling == "json"
     if json_tools:  # tools as one guided-JSON union, at this edge: the loop stays the same
         request = adapt_request(rt.plan, request, allow_tools=action.allow_tools,
@@ -43,6 +55,10 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
                            retryable=False)
     if json_tools:
         response = parse_reply(response, allow_tools=action.allow_tools, turn=state.steps + 1)
+    if fitted.count is not None or fitted.usage != Usage():
+        usage = (fitted.usage + response.usage).model_copy(
+            update={"prompt_count": fitted.count or response.usage.prompt_count})
+        response = response.model_copy(update={"usage": usage})
     return ModelReplied(response, attempts=response.attempts)
 
 

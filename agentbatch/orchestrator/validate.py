@@ -22,6 +22,7 @@ from pydantic_core import PydanticSerializationError, to_json
 from ..errors import BatchSpecError, ConfigError
 from ..state.connection import check_url
 from ..toolpool import Tool
+from .compaction import check_compaction
 from .json_tool_calling import check_mode as check_tool_calling
 from .options import BatchOptions
 from .pricing import load_prices
@@ -68,6 +69,7 @@ _NUMBERS = {
     "max_server_waiting": _Range(integer=True, low=0, optional=True),
     "max_tool_calls_per_turn": _Range(integer=True, low=1),
     "max_tool_output_chars": _Range(integer=True, low=1),
+    "max_context_tokens": _Range(integer=True, low=1, optional=True),
     "timeout_per_turn": _Range(integer=False, low=0, above=True, optional=True),
     "timeout_per_tool": _Range(integer=False, low=0, above=True, optional=True),
     "temperature": _Range(integer=False, low=0, optional=True),
@@ -199,6 +201,7 @@ def check_options(opts: BatchOptions) -> None:
     check_schema(opts.output_schema)
     check_tool_calling(opts.tool_calling)
     check_tool_choice(opts.tool_choice, has_tools=bool(opts.tools))
+    check_compaction(opts.compaction, opts.compaction_threshold)
     load_prices(opts.prices, opts.model)  # read and checked here; compile reads it again
     if opts.on_result is not None and not callable(opts.on_result):
         raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from .config import SimConfig, parse_fault_rates
 from .server import run_sim
+from .tokens import MAX_MODEL_LEN
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-rate", default="", help="e.g. http_500=0.1,http_429=0.05")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-hold-s", type=float, default=30.0)
+    p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     return p
 
 

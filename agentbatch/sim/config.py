@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .faults import parse_fault_rates
+from .tokens import MAX_MODEL_LEN
 
 DEFAULT_MODEL = "agentbatch-sim"
 
@@ -47,6 +48,10 @@ class SimConfig:
     """Seed for random faults; with the same request order the same requests fail."""
     timeout_hold_s: float = 30.0
     """How long a ``timeout`` fault holds the request before answering normally."""
+    max_model_len: int = MAX_MODEL_LEN
+    """The context length in ``/tokenize`` tokens (code points of the sim's template), stated
+    on ``/v1/models``; a chat request whose prompt plus ``max_tokens`` exceeds it gets vLLM's
+    HTTP 400."""
 
     def __post_init__(self) -> None:
         if isinstance(self.fault_rates, str):
@@ -55,8 +60,9 @@ class SimConfig:
             self.models = [self.models]
         if not self.models:
             self.models = [DEFAULT_MODEL]
-        if self.max_running < 1 or self.tokens_per_step < 1 or self.cache_blocks < 1:
-            raise ValueError("max_running, tokens_per_step and cache_blocks must be >= 1")
+        if min(self.max_running, self.tokens_per_step, self.cache_blocks, self.max_model_len) < 1:
+            raise ValueError("max_running, tokens_per_step, cache_blocks and max_model_len "
+                             "must be >= 1")
 
     @property
     def gpu_like(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..model_io import Message, canonical_json
 from .engine import QueueFull, Sequence
 from .faults import HTTP_FAULTS, Fault, faulted_reply, faulted_text
 from .model import completion_cost, plan_chat, plan_completion
@@ -27,7 +28,7 @@ from .openai_shapes import (
 from .script import Reply
 from .state import SimState
 from .tokens import (
-    MAX_MODEL_LEN,
+    TEMPLATE_TURN,
     block_hashes,
     count_tokens,
     decode,
@@ -101,6 +102,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ):
         state.stats.bad_requests += 1
         return _error(400, "`messages` must be a non-empty list of objects", "BadRequestError")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if (too_long := _over_context(state, messages, body.get("tools"), max_tokens)) is not None:
+        return too_long
     n = state.next_request("chat_completions")
     plan = plan_chat(body)
     fault = state.decide_fault(plan.agent_key, plan.script.fails, n)
@@ -111,7 +115,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if fault is not None and fault.kind not in HTTP_FAULTS and fault.kind != "timeout":
         reply = faulted_reply(fault.kind, reply, plan.pending, plan.agent_key)
     prompt = render_chat(messages, body.get("tools"))
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     seq = Sequence(
         count_tokens(prompt),
         block_hashes(prompt),
@@ -139,6 +142,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     _finished(state, [seq], t0)
     use = usage(seq.prompt_tokens, seq.cached_tokens, seq.completion_tokens)
     return web.json_response(chat_completion(rid, model, created, reply, use))
+
+
+def context_tokens(messages: list[Message], tools: Any = None) -> int:
+    """A chat prompt's size in ``/tokenize`` tokens: its template rendering, tools included."""
+    text = render_template(messages)
+    if isinstance(tools, list) and tools:
+        text += TEMPLATE_TURN.format(role="tools", content=canonical_json(tools))
+    return len(encode(text))
+
+
+def _over_context(state: SimState, messages: list[Message], tools: Any,
+                  max_tokens: Any) -> web.Response | None:
+    """vLLM's HTTP 400 for a prompt (plus ``max_tokens``) longer than ``max_model_len``."""
+    limit = state.config.max_model_len
+    prompt = context_tokens(messages, tools)
+    completion = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
+    if prompt + completion <= limit and prompt < limit:
+        return None
+    state.stats.bad_requests += 1
+    return _error(400, f"This model's maximum context length is {limit} tokens. However, you "
+                  f"requested {prompt + completion} tokens ({prompt} in the messages, "
+                  f"{completion} in the completion). Please reduce the length of the messages "
+                  "or completion.", "BadRequestError")
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -284,6 +310,9 @@ async def tokenize(request: web.Request) -> web.Response:
     messages, prompt = body.get("messages"), body.get("prompt")
     if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
         text = render_template(messages, body.get("add_generation_prompt") is not False)
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools:  # as vLLM's chat /tokenize renders them
+            text += TEMPLATE_TURN.format(role="tools", content=canonical_json(tools))
     elif isinstance(prompt, str):
         text = prompt
     else:
@@ -293,7 +322,7 @@ async def tokenize(request: web.Request) -> web.Response:
     state.stats.template_requests["tokenize"] += 1
     tokens = encode(text)
     return web.json_response({"tokens": tokens, "count": len(tokens),
-                              "max_model_len": MAX_MODEL_LEN})
+                              "max_model_len": state.config.max_model_len})
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -317,7 +346,8 @@ async def detokenize(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "agentbatch-sim", "root": m}
+        {"id": m, "object": "model", "created": 0, "owned_by": "agentbatch-sim", "root": m,
+         "max_model_len": state.config.max_model_len}
         for m in state.config.models
     ]
     return web.json_response({"object": "list", "data": data})

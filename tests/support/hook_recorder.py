@@ -19,7 +19,7 @@ from agentbatch.backends.base import RetryListener, ServerLoad
 from agentbatch.backends.registry import register_driver
 from agentbatch.backends.vllm import VLLMBackend
 from agentbatch.errors import BackendError
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
     from agentbatch.orchestrator.plan import BatchPlan
@@ -97,6 +97,15 @@ class RecordingBackend(VLLMBackend):
     def listeners(self) -> list[RetryListener]:
         record("listeners")
         return super().listeners
+
+    async def context_length(self) -> int | None:
+        record("context_length")
+        return await super().context_length()
+
+    async def count_tokens(self, prompt: str | list[Message],
+                           tools: list[dict[str, Any]] | None = None) -> int | None:
+        record("count_tokens")
+        return await super().count_tokens(prompt, tools)
 
     @property
     def requests_sent(self) -> int | None:

@@ -36,7 +36,8 @@ from tests.support.hook_recorder import (
 )
 
 HOOKS = {"preflight", "warm", "fetch_load", "inflight_hint", "learn_inflight_hint",
-         "complete_batch", "batch_limit", "health", "listeners", "requests_sent", "retries"}
+         "complete_batch", "batch_limit", "health", "listeners", "requests_sent", "retries",
+         "context_length", "count_tokens"}
 DEADLINE_S = 60.0
 
 
@@ -58,8 +59,9 @@ def test_the_declared_hooks_are_the_ones_tested_here() -> None:
 @pytest.mark.parametrize(("cls", "hooks"), [
     (LlamaCppBackend, HOOKS - {"listeners", "retries"}),
     (VLLMBackend, {"preflight", "warm", "fetch_load", "complete_batch", "health",
-                   "requests_sent"}),
-    (EndpointPool, {"warm", "fetch_load", "complete_batch", "health"}),
+                   "requests_sent", "context_length", "count_tokens"}),
+    (EndpointPool, {"warm", "fetch_load", "complete_batch", "health", "context_length",
+                    "count_tokens"}),
     (BackendWrapper, HOOKS),  # forwards each to the inner backend, by name
     (RetryingBackend, HOOKS),
     (RecordingBackend, HOOKS),  # so the tests below can see every hook
@@ -100,9 +102,11 @@ def test_the_embedded_engine_calls_its_hooks(hook_log: Path, sim_url: str) -> No
     assert [r.output for r in results] == [f"reply-{i}" for i in range(20)]
     # preflight (and its queue gauge check), warm-up, the in-flight cap, the gate's load,
     # batch prompting's limit and batched call, and stats; workers alone learn a hint, only
-    # a pool probes health, and retries/listeners belong to the retry layer.
+    # a pool probes health, and retries/listeners belong to the retry layer; each turn asks
+    # the context length (learnt once), and prompts this short need no count.
     assert recorded(hook_log) == {"preflight", "warm", "fetch_load", "inflight_hint",
-                                  "batch_limit", "complete_batch", "requests_sent"}
+                                  "batch_limit", "complete_batch", "requests_sent",
+                                  "context_length"}
     assert isinstance(stats["requests_sent"], int) and stats["requests_sent"] < 20
     assert stats["retries"] == 0  # the retry layer's own count, not "unknown"
 
