@@ -318,3 +318,34 @@ def test_sigkilled_batch_loses_no_agent_and_repeats_only_inflight_turns(tmp_path
               f"rerun={total - killed_calls} done_at_kill={done} inflight_at_kill={inflight}")
         assert total <= uninterrupted + inflight
         assert total - killed_calls < uninterrupted  # the re-run resumed; it did not start over
+
+
+def test_cli_run_resumes_from_checkpoint_dir(sim, tmp_path):
+    (tmp_path / "spec.yaml").write_text(f"""
+task: |
+  Say {{{{"n": {{i}}}}}}.
+  @sim answer {{{{"n": {{i}}}}}}
+inputs: [{{"i": 1}}, {{"i": 2}}, {{"i": 3}}]
+model: sim-model
+backend: "{url_of(sim)}"
+warm_prefix: false
+""")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def cli(out: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentbatch.cli", "run", str(tmp_path / "spec.yaml"), "-o",
+             str(tmp_path / out), "--checkpoint-dir", str(tmp_path / "ck")],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+
+    before = model_calls(sim)
+    first = cli("first.jsonl")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert model_calls(sim) - before == 3
+    assert (tmp_path / "ck" / DB_NAME).exists()
+    again = cli("again.jsonl")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert model_calls(sim) - before == 3  # the re-run sent nothing
+    assert "3 ok, 0 failed" in again.stdout
+    rows = [json.loads(line) for line in (tmp_path / "again.jsonl").read_text().splitlines()]
+    assert sorted(json.loads(r["output"])["n"] for r in rows) == [1, 2, 3]  # free text

@@ -23,6 +23,7 @@ EXPECTED = {
     "reduce": "map: 6/6 ok",
     "map_reduce": "survey: title=",
     "distributed": "'done': 20, 'total': 20",
+    "checkpoint_resume": "after resume: 6/6 ok",
 }
 ELSEWHERE = {"real_engine"}  # tests/engine/test_engine_example.py
 
