@@ -33,7 +33,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from ..errors import BatchSpecError, ToolError
-from ..model_io import ToolCall, ToolOutcome
+from ..model_io import ToolCall, ToolOutcome, canonical_json
 from .cache import ResultCache, TTLCache
 from .coalesce import Coalescer, InflightCoalescer
 from .context import Lease, ToolContext
@@ -140,7 +140,15 @@ class ToolPool:
             scope = "fleet"
         else:
             scope = f"batch:{ctx.batch_id}"
-        return json.dumps([scope, tool.identity, args.canonical], separators=(",", ":"))
+        part = args.canonical
+        if tool.cache_key is not None and tool.shares_calls:
+            key = tool.sharing_key(args.kwargs)
+            try:
+                part = "key:" + canonical_json(key)
+            except (TypeError, ValueError) as exc:
+                raise ToolError(f"error: tool {tool.name!r}: its cache_key returned "
+                                f"{type(key).__name__}, not a JSON value ({exc})") from None
+        return json.dumps([scope, tool.identity, part], separators=(",", ":"))
 
     def stats(self) -> dict[str, Any]:
         """Counters (totals plus ``by_tool``): calls, executions, cache_hits, coalesced, ..."""
@@ -176,9 +184,13 @@ class ToolPool:
         limit = next(
             (t for t in (timeout, tool.timeout, self.default_timeout) if t is not None), None
         )
+        try:
+            key = self.call_key(tool, args, ctx)
+        except ToolError as exc:  # the tool's cache_key raised: the call fails as data
+            return self._error(call, str(exc))
         state: dict[str, bool] = {}
         try:
-            resolving = self._resolve(tool, args, ctx, state)
+            resolving = self._resolve(tool, key, args, ctx, state)
             if limit is None:
                 text, cached, shared = await resolving
             else:
@@ -208,10 +220,9 @@ class ToolPool:
         runs = (self.run(c, x, timeout=timeout) for c, x in zip(calls, contexts, strict=True))
         return list(await asyncio.gather(*runs))
 
-    async def _resolve(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext,
+    async def _resolve(self, tool: Tool, key: str, args: ValidatedArgs, ctx: ToolContext,
                        state: dict[str, bool]) -> tuple[str, bool, bool]:
         """(text, served from cache, shared another caller's execution)."""
-        key = self.call_key(tool, args, ctx)
         cache = self._fleet_cache if tool.share == "fleet" else self._cache
         if tool.cacheable:
             hit = await self._cache_get(cache, key)

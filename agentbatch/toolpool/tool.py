@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, overload
 
-from ..errors import BatchSpecError
+from ..errors import BatchSpecError, ToolError
 from .context import ToolContext
 from .output_cap import check_limit
 from .schema import ArgSpec, build_arg_spec
@@ -80,6 +80,11 @@ class Tool:
     max_output_chars: int | None = field(default=None, metadata=_doc(
         "chars of output kept (the rest cut, with a marker); None: the batch's "
         "max_tool_output_chars."))
+    cache_key: Callable[..., Any] | None = field(default=None, compare=False, metadata=_doc(
+        "called with a call's arguments as the function gets them; its return value (JSON) "
+        "is the key calls share a cached result and an execution by, instead of the exact "
+        "arguments (e.g. a normalised path). Needs cacheable or coalesce; part of the "
+        "tool's identity."))
     identity: str = field(init=False, default="", compare=False)  # "path@version"
 
     # Built-in tools, attached by ``agentbatch.toolpool.builtins`` (avoids a circular import).
@@ -121,10 +126,41 @@ class Tool:
         if not self.description:
             object.__setattr__(self, "description", spec.description)
         version = self.version or _code_version(self.fn)
+        if self.cache_key is not None:
+            self._check_cache_key(spec)
+            version += f"+key:{_identity_path(self.cache_key)}@{_code_version(self.cache_key)}"
         object.__setattr__(self, "identity", f"{self.import_path or _identity_path(self.fn)}"
                                              f"@{version}")
         object.__setattr__(self, "__wrapped__", self.fn)  # inspect.signature(tool) shows fn's
         object.__setattr__(self, "__doc__", getattr(self.fn, "__doc__", None))
+
+    def _check_cache_key(self, spec: ArgSpec) -> None:
+        """``cache_key`` is a callable that takes this tool's arguments, on a sharing tool."""
+        key = self.cache_key
+        if not callable(key):
+            raise BatchSpecError(f"tool {self.name!r}: cache_key must be a callable taking the "
+                                 f"tool's arguments, got {key!r}")
+        if not self.shares_calls:
+            raise BatchSpecError(f"tool {self.name!r}: cache_key needs cacheable=True or "
+                                 "coalesce=True (only shared calls are keyed)")
+        names = list(spec.schema.get("properties") or {})
+        try:
+            inspect.signature(key).bind(**dict.fromkeys(names))
+        except TypeError as exc:
+            raise BatchSpecError(f"tool {self.name!r}: cache_key must accept the tool's "
+                                 f"arguments ({', '.join(names)}): {exc}") from None
+        except ValueError:  # no signature to check (some builtins): checked at call time
+            pass
+
+    def sharing_key(self, kwargs: dict[str, Any]) -> Any:
+        """``cache_key`` applied to a call's arguments; ``ToolError`` naming cache_key when
+        it raises, so the call fails as data the model can read."""
+        assert self.cache_key is not None
+        try:
+            return self.cache_key(**kwargs)
+        except Exception as exc:
+            raise ToolError(f"error: tool {self.name!r}: its cache_key raised "
+                            f"{type(exc).__name__}: {exc}") from exc
 
     @property
     def shares_calls(self) -> bool:
@@ -184,6 +220,7 @@ def tool(
     cacheable: bool = ..., rate_limit: float | None = ..., timeout: float | None = ...,
     version: str | None = ..., coalesce: bool = ..., share: Share = ...,
     lock_ttl: float | None = ..., max_output_chars: int | None = ...,
+    cache_key: Callable[..., Any] | None = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
