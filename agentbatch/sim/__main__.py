@@ -45,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-rate", default="", help="e.g. http_500=0.1,http_429=0.05")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-hold-s", type=float, default=30.0)
+    p.add_argument("--batch-latency-s", type=float, default=2.0,
+                   help="provider batch APIs: median seconds until a request is done")
+    p.add_argument("--batch-latency-spread", type=float, default=0.5,
+                   help="log-normal sigma around --batch-latency-s (0: all equal)")
+    p.add_argument("--batch-expire-s", type=float, default=86_400.0,
+                   help="a provider batch still open this long after creation expires")
+    p.add_argument("--batch-failure-rate", type=float, default=0.0,
+                   help="probability that one request of a provider batch fails")
     p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     return p
 

@@ -48,6 +48,14 @@ class SimConfig:
     """Seed for random faults; with the same request order the same requests fail."""
     timeout_hold_s: float = 30.0
     """How long a ``timeout`` fault holds the request before answering normally."""
+    batch_latency_s: float = 2.0
+    """Provider batch APIs (``batch_api.py``): median seconds from creation to a request done."""
+    batch_latency_spread: float = 0.5
+    """Sigma of the log-normal around that median (0: every request takes exactly the median)."""
+    batch_expire_s: float = 86_400.0
+    """A provider batch still open this long after creation expires (its completion window)."""
+    batch_failure_rate: float = 0.0
+    """Probability that one request of a provider batch fails (seeded per batch and request)."""
     max_model_len: int = MAX_MODEL_LEN
     """The context length in ``/tokenize`` tokens (code points of the sim's template), stated
     on ``/v1/models``; a chat request whose prompt plus ``max_tokens`` exceeds it gets vLLM's
@@ -60,6 +68,11 @@ class SimConfig:
             self.models = [self.models]
         if not self.models:
             self.models = [DEFAULT_MODEL]
+        if self.batch_latency_s < 0 or self.batch_latency_spread < 0 or self.batch_expire_s <= 0:
+            raise ValueError("batch_latency_s and batch_latency_spread must be >= 0, "
+                             "batch_expire_s > 0")
+        if not 0 <= self.batch_failure_rate <= 1:
+            raise ValueError("batch_failure_rate must be in [0, 1]")
         if min(self.max_running, self.tokens_per_step, self.cache_blocks, self.max_model_len) < 1:
             raise ValueError("max_running, tokens_per_step, cache_blocks and max_model_len "
                              "must be >= 1")

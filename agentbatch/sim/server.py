@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import handlers
+from . import batch_api, handlers
 from .config import SimConfig
 from .handlers import STATE
 from .state import SimState
@@ -34,6 +34,7 @@ def build_app(config: SimConfig | None = None) -> web.Application:
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/sim/stats", handlers.sim_stats)
     app.router.add_post("/sim/reset", handlers.sim_reset)
+    batch_api.install(app, state.config)  # OpenAI files + batches, Anthropic batches
 
     async def start_engine(app: web.Application) -> None:
         await app[STATE].engine.start()

@@ -1,0 +1,35 @@
+"""Provider batch APIs (half price, minutes-to-hours latency) behind one client interface.
+
+``batch_client(backend)`` is the warm-up hook: the client for the backend's kind when its
+server has the API (asked over HTTP), else None. A client's API is the seam the engines use:
+``submit([(custom_id, ModelRequest), ...])``, ``wait(batch_id, timeout_s=...)``,
+``results(batch_id, custom_ids)`` -> ``{custom_id: ItemResult}``, ``cancel(batch_id)``.
+"""
+
+from __future__ import annotations
+
+from ..anthropic import AnthropicBackend
+from ..base import Backend
+from ..openai_compat import OpenAICompatBackend
+from .anthropic_batch import AnthropicBatchClient
+from .client import ProviderBatchClient
+from .openai_batch import OpenAIBatchClient
+from .types import BatchState, ItemError, ItemErrorKind, ItemResult
+
+__all__ = ["AnthropicBatchClient", "BatchState", "ItemError", "ItemErrorKind", "ItemResult",
+           "OpenAIBatchClient", "ProviderBatchClient", "batch_client"]
+
+
+async def batch_client(backend: Backend) -> ProviderBatchClient | None:
+    """The batch client for ``backend`` when its server has a batch API, else None."""
+    client: ProviderBatchClient
+    if isinstance(backend, AnthropicBackend):
+        client = AnthropicBatchClient(backend)
+    elif isinstance(backend, OpenAICompatBackend):
+        client = OpenAIBatchClient(backend)
+    else:
+        return None
+    if await client.discover():
+        return client
+    await client.aclose()
+    return None
