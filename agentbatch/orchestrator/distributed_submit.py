@@ -34,7 +34,6 @@ from ..state.connection import mask_url, refuse_cluster, sync_client
 from ..state.keys import ACTIVE_BATCHES, TOMBSTONE_S, BatchKeys
 from ..state.redis_store import (
     DEFAULT_RETENTION_S,
-    deadline_score,
     initial_meta,
     now_ms,
     retention_ms,
@@ -150,7 +149,7 @@ def _stage(client: redis.Redis, k: BatchKeys, token: str, states: Sequence[Any])
     state = k.staged(token, "state")
     done = 0
     for chunk in chunks(rows, lambda row: len(row[1]) + 16):
-        score = deadline_score(now_ms() + 2 * STAGING_TTL_MS, started=False)
+        score = now_ms() + 2 * STAGING_TTL_MS
         with client.pipeline(transaction=False) as p:
             p.hset(state, mapping=dict(chunk))
             p.zadd(k.watch, {k.member(i): score for i, _ in chunk})
@@ -197,7 +196,7 @@ def _arm_deadlines(client: redis.Redis, k: BatchKeys, total: int, grace_ms: int)
     If this is cut short, the staged deadlines still hold (a slower recovery, nothing lost)."""
     try:
         for chunk in chunks(range(total), lambda _: 1):
-            score = deadline_score(now_ms() + grace_ms, started=False)
+            score = now_ms() + grace_ms
             client.zadd(k.watch, {k.member(i): score for i in chunk}, xx=True)
     except redis.RedisError:
         log.warning("batch %s: could not bring its agents' deadlines forward; a lost first "

@@ -32,9 +32,11 @@ class BatchKeys:
         # hash: index -> "<version>:<AgentState JSON>", messages apart (state_entry): the
         # version is the compare-and-set token, read and written with the state in one call
         self.state = f"{base}:state"
-        # the fleet-wide deadline zset; this batch's members: member(); an odd score marks
-        # the agent's current version started (claimed or a tool call running)
+        # the fleet-wide deadline zset; this batch's members: member()
         self.watch = WATCH
+        # hash: index -> the version last started (claimed, or a tool call of it run): the
+        # sweep re-sends a started version at once; one only queued may still be waiting
+        self.started = f"{base}:started"
         self.results = f"{base}:results"  # stream: one entry per finished agent
         self.audit = f"{base}:audit"  # stream: (index, version) per commit, when auditing
         self.resends = f"{base}:resends"  # hash: index -> "version:n" re-sends without progress

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,9 @@ from ..results import ToolCallRecord
 from .damaged import damage_reason, placeholder_state
 from .keys import ACTIVE_BATCHES, TOMBSTONE_S, WATCH, BatchKeys, watch_member
 from .scripts import Scripts
+from .transition import DEFAULT_RETENTION_S, Transition
 
 TOOL_RESULTS_TTL_S = 7 * 24 * 3600  # a backstop: the commit that consumes a round deletes it
-DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # AGENTBATCH_RETENTION_S (workers/settings.py)
 
 
 CLOCK_RESYNC_S = 60.0  # how long a process carries Redis's time forward on its own
@@ -76,7 +76,9 @@ class Claim:
     slot: bool = False  # ok: the inference slot was taken too (holder: the lease token)
     listed: int = 0  # ok: how many of state.messages are in the agent's msgs list
     aimd_limit: int = -1  # the fleet's shared AIMD limit as the claim saw it (-1: none)
-    slots_held: int = 0  # ok, slot asked: slots held before it (and queued, if it fills half)
+    # ok: no slot was taken, or the one taken fills half the limit (claim.lua decides): the
+    # commit that frees it announces it to turns that may be queued for one
+    slots_scarce: bool = True
     damage: str = ""  # damaged: why the stored state cannot be read
 
 
@@ -86,7 +88,7 @@ class Inspection:
 
     state: AgentState | None  # None: gone, or ``damage`` says why it cannot be read
     leased: bool
-    started: bool  # the current version was started (the deadline's mark)
+    started: bool  # the current version was started (the ``started`` hash names it)
     score: int | None  # the deadline as read: a re-send is fenced on it (``resend``)
     deferred: bool  # the sweep already let this version wait once on a busy queue
     damage: str = ""  # the stored entry does not parse: why
@@ -152,14 +154,10 @@ def entry_version(entry: str) -> int:
     return int(entry.partition(":")[0])
 
 
-def started(score: float | None) -> bool:
-    """Whether a watch zset score marks the agent's current version started (odd)."""
-    return score is not None and int(score) % 2 == 1
-
-
-def deadline_score(deadline_ms: int, *, started: bool) -> int:
-    """A watch zset score for ``deadline_ms`` carrying the started mark (odd when started)."""
-    return deadline_ms - deadline_ms % 2 + (1 if started else 0)
+def json_array(items: Iterable[str]) -> str:
+    """A script's variable-length argument: one JSON array of strings (``json_list`` in
+    ``lua/_prelude.lua``). Non-ASCII stays UTF-8, as the strings themselves are."""
+    return json.dumps(list(items), ensure_ascii=False, separators=(",", ":"))
 
 
 def message_entries(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -220,9 +218,8 @@ class BatchStore:
         k = self.k
         await sync_clock(self.r)
         reply = await self.s.claim(
-            keys=[k.state, k.lease(index), k.watch, k.meta, k.messages(index),
-                  slot.key if slot else k.lease(index), slot.aimd_key if slot else k.meta,
-                  k.calls(index), slot.wait_key if slot else k.lease(index)],
+            keys=[k.state, k.lease(index), k.watch, k.meta, k.messages(index), k.calls(index),
+                  k.started, *((slot.key, slot.aimd_key, slot.wait_key) if slot else ())],
             args=[index, version, token, ttl_ms, now_ms(), slot.limit if slot else "",
                   slot.ttl_ms if slot else 0, k.member(index)])
         if reply[0] == "busy":
@@ -238,7 +235,7 @@ class BatchStore:
         return Claim(kind=kind, state=state, damage=damage,
                      cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
                      aimd_limit=int(reply[5]), listed=len(reply[3]),
-                     slots_held=int(reply[7]))
+                     slots_scarce=int(reply[7]) == 1)
 
     async def renew(self, index: int, token: str, ttl_ms: int) -> bool:
         return bool(await self.s.renew(keys=[self.k.lease(index), self.k.watch],
@@ -249,43 +246,38 @@ class BatchStore:
         keys = [self.k.lease(index)] + ([slot_key] if slot_key else [])
         await self.s.release(keys=keys, args=[token])
 
-    async def commit(self, old: AgentState, new: AgentState, *, token: str = "",
-                     result_json: str = "", deadline_ms: int = 0, audit: bool = False,
-                     enqueue: Sequence[tuple[str, str]] = (),
-                     retention_s: float = DEFAULT_RETENTION_S,
-                     slot_key: str = "", listed: int | None = None,
-                     consumed: Sequence[str] = ()) -> bool:
-        """Write ``new`` only if the stored version is still ``old.version``; on success push
-        the ``enqueue`` task messages (list key, payload) in the same atomic step.
+    async def commit(self, t: Transition) -> bool:
+        """Write ``t.new`` only if the stored version is still ``t.old.version``; on success
+        push the ``t.enqueue`` task messages (list key, payload) in the same atomic step.
 
-        Only the messages not in the agent's list yet are written: ``old.messages`` is what
+        Only the messages not in the agent's list yet are written: ``t.old.messages`` is what
         this worker loaded (all of them for a turn, none or the last for a tool round), of
-        which the first ``listed`` (default: all) are in the list; the rest came with the
-        submitted state and are listed by this first commit. A terminal
-        agent is stored without its conversation (its result, written in the same step, is
-        what readers get); the commit that finishes the batch sets its retention TTL
-        (``retention_s`` only for a batch submitted without one). With a ``token``, the
-        lease and the inference slot it holds in ``slot_key`` are released, won or lost.
-        The terminal commit that delivers the last of the batch's ``total`` (read from its
-        meta in the script) finishes the batch; ``consumed`` are keys the transition uses
-        up (the round's fan-in hash, its calls' locks), deleted when it wins."""
-        k = self.k
+        which the first ``t.listed`` (default: all) are in the list; the rest came with the
+        submitted state and are listed by this first commit. A terminal agent is stored
+        without its conversation (its result, written in the same step, is what readers
+        get); the commit that finishes the batch sets its retention TTL (``t.retention_s``
+        only for a batch submitted without one). With a ``t.token``, the lease and the
+        inference slot it holds in ``t.slot_key`` are released, won or lost. The terminal
+        commit that delivers the last of the batch's ``total`` (read from its meta in the
+        script) finishes the batch; ``t.consumed`` are keys the transition uses up (the
+        round's fan-in hash, its calls' locks), deleted when it wins."""
+        k, old, new = self.k, t.old, t.new
         terminal = new.status.terminal
         stored = terminal_state(new) if terminal else new
-        mode, tail = ("", []) if terminal else new_messages(old, new, listed)
+        mode, tail = ("", []) if terminal else new_messages(old, new, t.listed)
         records = [] if terminal else new_records(old, new)
         ok = await self.s.commit(
             keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
-                  k.audit, k.resends, k.plan, k.gone, k.messages(old.index),
-                  slot_key or k.lease(old.index), k.fence, k.calls(old.index), *consumed,
-                  *(key for key, _ in enqueue)],
-            args=[old.index, old.version, new.version, stored_state(stored), token,
-                  old.status.value, new.status.value, "1" if terminal else "0", result_json,
-                  deadline_ms, self.batch_id, "1" if audit else "0",
-                  retention_ms(retention_s), TOMBSTONE_S * 1000, len(consumed),
-                  mode, len(tail), *message_entries(tail),
-                  len(records), *records,
-                  *(payload for _, payload in enqueue)],
+                  k.audit, k.resends, k.plan, k.gone, k.messages(old.index), k.fence,
+                  k.calls(old.index), k.started, *([t.slot_key] if t.slot_key else []),
+                  *t.consumed, *(key for key, _ in t.enqueue)],
+            args=[old.index, old.version, new.version, stored_state(stored), t.token,
+                  old.status.value, new.status.value, "1" if terminal else "0", t.result_json,
+                  t.deadline_ms, self.batch_id, "1" if t.audit else "0",
+                  retention_ms(t.retention_s), TOMBSTONE_S * 1000, mode,
+                  "1" if t.slot_key else "0", len(t.consumed),
+                  json_array(message_entries(tail)), json_array(records),
+                  json_array(payload for _, payload in t.enqueue)],
         )
         return bool(ok)
 
@@ -318,7 +310,7 @@ class BatchStore:
         await sync_clock(self.r)
         entry, have, cancelled, fence, busy = await self.s.tool_start(
             keys=[k.state, k.tool_results(index, version), k.meta, k.watch,
-                  k.call_lock(index, version, call_id), k.fence],
+                  k.call_lock(index, version, call_id), k.fence, k.started],
             args=[index, version, call_id, now_ms() + ttl_ms, k.member(index),
                   "1" if fan_in else "0", lock_token, lock_ttl_ms])
         return ToolStart(state=entry_state(entry) if entry else None, recorded=bool(int(have)),
@@ -353,27 +345,30 @@ class BatchStore:
             p.exists(k.lease(index))
             p.zscore(k.watch, k.member(index))
             p.hget(k.resends, deferral_field(index))
-            entry, leased, score, deferred_at = await p.execute()
+            p.hget(k.started, index)
+            entry, leased, score, deferred_at, started_at = await p.execute()
         seen = None if score is None else int(score)
         if not entry:
             return Inspection(None, bool(leased), False, seen, False)
+        started = started_at is not None and started_at == entry.partition(":")[0]
         try:
             state = entry_state(entry)
         except Exception as exc:  # any parse failure: the agent cannot run
-            return Inspection(None, bool(leased), started(score), seen, False,
+            return Inspection(None, bool(leased), started, seen, False,
                               damage=damage_reason(exc), entry=entry)
-        return Inspection(state, bool(leased), started(score), seen,
+        return Inspection(state, bool(leased), started, seen,
                           deferred_at == str(state.version))
 
     async def defer(self, indices: Sequence[int], later_ms: int) -> list[int]:
-        """Let never-started agents wait on a busy queue once per version: each not yet
-        deferred at its current version gets its deadline moved to ``later_ms``; returns
-        the others (deferred once already, gone or unreadable), which the sweep looks at
-        itself. One script call for all of them (``defer.lua``)."""
+        """Let due agents that were never started wait on a busy queue once per version:
+        each not started and not yet deferred at its current version gets its deadline moved
+        to ``later_ms``; returns the others (started, deferred once already, gone or
+        unreadable), which the sweep looks at itself. One script call for all of them
+        (``defer.lua``)."""
         k = self.k
         return [int(i) for i in await self.s.defer(
-            keys=[k.state, k.resends, k.watch],
-            args=[deadline_score(later_ms, started=False), self.batch_id, *indices])]
+            keys=[k.state, k.resends, k.watch, k.started],
+            args=[later_ms, self.batch_id, json_array(str(i) for i in indices)])]
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
                      recheck_ms: int, max_resends: int, audit: bool = False,
@@ -386,11 +381,11 @@ class BatchStore:
         k = self.k
         return int(await self.s.resend(
             keys=[k.state, k.lease(state.index), k.watch, k.resends, k.meta, k.audit,
-                  *(key for key, _ in enqueue)],
+                  k.started, *(key for key, _ in enqueue)],
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
                   "1" if audit else "0", k.member(state.index),
                   "" if seen_score is None else seen_score,
-                  *(payload for _, payload in enqueue)],
+                  json_array(payload for _, payload in enqueue)],
         ))
 
     async def tool_running(self, index: int, version: int, ttl_ms: int, lock: str = "",
@@ -400,13 +395,13 @@ class BatchStore:
         agent moved on, -1 when the lock was lost, else 1."""
         await sync_clock(self.r)
         return int(await self.s.tool_touch(
-            keys=[self.k.state, self.k.watch, *([lock] if lock else [])],
+            keys=[self.k.state, self.k.watch, self.k.started, *([lock] if lock else [])],
             args=[index, version, now_ms() + ttl_ms, self.k.member(index),
                   *([lock_token, lock_ttl_ms] if lock else [])]))
 
-    async def push_deadline(self, index: int, deadline_ms: int, *, started: bool) -> None:
-        score = deadline_score(deadline_ms, started=started)
-        await self.r.zadd(self.k.watch, {self.k.member(index): score}, xx=True)
+    async def push_deadline(self, index: int, deadline_ms: int) -> None:
+        """Move the agent's progress deadline (its started mark is left as it is)."""
+        await self.r.zadd(self.k.watch, {self.k.member(index): deadline_ms}, xx=True)
 
     async def unwatch(self, index: int) -> None:
         await self.r.zrem(self.k.watch, self.k.member(index))
@@ -426,16 +421,10 @@ def cancel_batch(client: Any, batch_id: str) -> int:
 
 async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:
     """(batch id, index) of agents whose progress deadline has passed (by Redis's clock),
-    across the fleet: one ZRANGEBYSCORE, however many batches are active."""
-    return [(batch_id, index) for batch_id, index, _ in await due_marked(client, limit)]
-
-
-async def due_marked(client: Any, limit: int = 500) -> list[tuple[str, int, bool]]:
-    """``due_agents`` with each one's started mark (the score's parity)."""
+    across the fleet, earliest first: one ZRANGEBYSCORE, however many batches are active."""
     await sync_clock(client)
-    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit,
-                                       withscores=True)
-    return [(*watch_member(m), started(score)) for m, score in found]
+    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
+    return [watch_member(m) for m in found]
 
 
 def retention_ms(retention_s: float) -> int:

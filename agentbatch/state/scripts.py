@@ -1,7 +1,9 @@
 """Lua scripts beside the Redis code, registered once per client.
 
 Each script is its file with ``lua/_prelude.lua`` in front: the helpers that read and write
-the encodings every script shares (the state entry's version, the deadline's started mark).
+the encodings every script shares (the state entry's version, the JSON array a variable-length
+argument travels as, a script's counted variable keys, the started mark). Each script names
+its KEYS and ARGV in a header comment and binds them to locals at its top.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ..orchestrator.turns import (
     step,
 )
 from ..state.redis_store import BatchStore, Claim, now_ms
+from ..state.transition import Transition
 from ..toolpool.redis_coalesce import RedisLease
 from ..toolpool.tool import Tool
 from .app import app as celery_app
@@ -80,12 +81,11 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     if old.status is AgentStatus.AWAITING_TOOLS and len(old.pending_calls) > 1:
         consumed = [loaded.store.k.tool_results(old.index, old.version), *consumed]
-    won = await loaded.store.commit(old, new, token=token, result_json=result_json,
-                                    deadline_ms=deadline_for(ctx),
-                                    audit=ctx.settings.audit,
-                                    enqueue=envelopes(celery_app, followups),
-                                    retention_s=ctx.settings.retention_s,
-                                    slot_key=slot_key, listed=listed, consumed=consumed)
+    won = await loaded.store.commit(Transition(
+        old, new, token=token, slot_key=slot_key, result_json=result_json,
+        deadline_ms=deadline_for(ctx), audit=ctx.settings.audit,
+        enqueue=envelopes(celery_app, followups), retention_s=ctx.settings.retention_s,
+        listed=listed, consumed=consumed))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     return []
@@ -200,8 +200,9 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
         raise
     followups = await commit(ctx, loaded, state, new, token, slot_key, claim.listed,
                              logged=True)
-    if sem is not None and (not claim.slot or 2 * (claim.slots_held + 1) > sem.limit):
-        # slots are scarce: turns may be queued for the one the commit just freed
+    if sem is not None and claim.slots_scarce:
+        # slots are scarce (claim.lua decides): turns may be queued for the one the commit
+        # just freed
         await sem.announce_release()
     return followups
 

@@ -4,7 +4,8 @@ An agent's progress deadline is pushed forward by every claim, lease renewal, ru
 call and commit. When it passes with no lease held, the sweep decides (``recovery.py``) from
 what Redis shows:
 
-- the agent's current version was *started* (a claim or a tool call marked it) and nothing
+- the agent's current version was *started* (a claim or a tool call recorded it in the
+  batch's ``started`` hash) and nothing
   committed or renewed since: its worker died mid-turn, so its task is re-sent at once;
 - it was never started and its queue still holds messages: it is most likely still queued,
   so it is let wait once per version, ``QUEUED_GRACES - 1`` more queue graces (one script
@@ -41,7 +42,7 @@ from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.turns import Abandoned, step
 from ..state.damaged import placeholder_state
 from ..state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
-from ..state.redis_store import BatchStore, Inspection, deadline_score, due_marked, now_ms
+from ..state.redis_store import BatchStore, Inspection, due_agents, now_ms
 from .app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
@@ -97,41 +98,41 @@ async def _lock_renewal(ctx: WorkerContext, token: str, lock_ms: int) -> AsyncIt
 
 async def _sweep_due(ctx: WorkerContext, limit: int) -> int:
     """The pass itself, under the lock."""
-    due = await due_marked(ctx.redis, limit)
+    due = await due_agents(ctx.redis, limit)
     if not due:
         return 0
     waiting = await _queue_waiting(ctx)
     if all(waiting.values()):
         due = await _still_queued_later(ctx, due)
-    by_batch: dict[str, list[tuple[int, bool]]] = {}
-    for batch_id, index, was_started in due:
-        by_batch.setdefault(batch_id, []).append((index, was_started))
+    by_batch: dict[str, list[int]] = {}
+    for batch_id, index in due:
+        by_batch.setdefault(batch_id, []).append(index)
     sent = 0
-    for batch_id, rows in by_batch.items():
+    for batch_id, indices in by_batch.items():
         try:
-            sent += await _sweep_batch(ctx, batch_id, rows, waiting)
+            sent += await _sweep_batch(ctx, batch_id, indices, waiting)
         except Exception:  # one bad batch never stops the recovery of the others
             log.exception("sweeping batch %s failed; the other batches are swept", batch_id)
     return sent
 
 
 async def _still_queued_later(ctx: WorkerContext,
-                              due: list[tuple[str, int, bool]]) -> list[tuple[str, int, bool]]:
+                              due: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """With messages waiting on both queues, an agent whose version was never started is
     still queued, most likely (what ``_sweep_batch`` would conclude after reading its state,
-    lease and mark: four commands each): let each wait once per version, in one script call
-    per batch (``defer.lua``), without reading them here. A big batch queued longer than the
-    grace no longer costs the sweep a read per agent per pass. Returns the agents still to
-    look at one by one: the started ones, and those already let wait at their version."""
-    queued: dict[str, list[int]] = {}
-    for batch_id, index, was_started in due:
-        if not was_started:
-            queued.setdefault(batch_id, []).append(index)
+    lease and started mark: five commands each): let each wait once per version, in one
+    script call per batch (``defer.lua``, which reads the started marks itself). A big batch
+    queued longer than the grace no longer costs the sweep a read per agent per pass.
+    Returns the agents still to look at one by one: the started ones, and those already let
+    wait at their version."""
+    by_batch: dict[str, list[int]] = {}
+    for batch_id, index in due:
+        by_batch.setdefault(batch_id, []).append(index)
     again: set[tuple[str, int]] = set()
-    for batch_id, indices in queued.items():
+    for batch_id, indices in by_batch.items():
         store = BatchStore(ctx.redis, ctx.scripts, batch_id)
         again.update((batch_id, i) for i in await store.defer(indices, _deferred_until(ctx)))
-    return [row for row in due if row[2] or (row[0], row[1]) in again]
+    return [row for row in due if row in again]
 
 
 def _deferred_until(ctx: WorkerContext) -> int:
@@ -150,15 +151,14 @@ async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
     return {INFERENCE_QUEUE: sum(lengths[:n]), TOOLS_QUEUE: sum(lengths[n:])}
 
 
-async def _sweep_batch(ctx: WorkerContext, batch_id: str, rows: list[tuple[int, bool]],
+async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
                        waiting: dict[str, int]) -> int:
-    indices = [index for index, _ in rows]
     loaded = await ctx.batch(batch_id)
     if loaded is None:
         keys = BatchKeys(batch_id)
         members = [keys.member(i) for i in indices]
         if await ctx.redis.exists(keys.state):  # still being submitted: look again later
-            later = deadline_score(now_ms() + ctx.settings.queue_grace_ms, started=False)
+            later = now_ms() + ctx.settings.queue_grace_ms
             await ctx.redis.zadd(WATCH, dict.fromkeys(members, later), xx=True)
             return 0
         await ctx.redis.zrem(WATCH, *members)  # deleted or expired under its agents
@@ -166,15 +166,14 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, rows: list[tuple[int, 
         return 0
     sent = 0
     wait: list[int] = []
-    for index, was_started in rows:
+    for index in indices:
         try:
             sent += await _sweep_agent(ctx, loaded, index, waiting, wait)
         except Exception:  # one bad agent never stops the sweep of the others
             log.exception("sweeping agent %s of batch %s failed; looking again later", index,
                           batch_id)
             with contextlib.suppress(Exception):  # a moved deadline: no hot loop on it
-                await loaded.store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms,
-                                                 started=was_started)
+                await loaded.store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
     if wait:
         await loaded.store.defer(wait, _deferred_until(ctx))
     if sent:
@@ -195,7 +194,7 @@ async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int,
     if seen.score is not None and seen.score > now_ms():
         return 0  # its deadline moved since the pass read it: not due (any more)
     if seen.leased:  # a live worker holds it; look again when the lease would have run out
-        await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms, started=True)
+        await store.push_deadline(index, now_ms() + ctx.settings.lease_ttl_ms)
         return 0
     if seen.damage:  # it cannot run anywhere: end it, or its batch never finishes
         await end_damaged(ctx, loaded, placeholder_state(index, seen.entry), seen.damage)

@@ -21,6 +21,7 @@ from agentbatch.state.connection import async_client
 from agentbatch.state.keys import BatchKeys
 from agentbatch.state.redis_store import BatchStore, entry_state, state_entry, stored_state
 from agentbatch.state.scripts import Scripts
+from agentbatch.state.transition import Transition
 from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
 from agentbatch.workers.envelope import queue_key
 from tests.support.tools import Answer, Exploding, Renamed, lookup
@@ -110,7 +111,8 @@ async def _commit_after_losing(redis_url: str, batch_id: str) -> tuple[bool, boo
         state: AgentState = claim.state
         # someone else moved the agent on meanwhile (e.g. a cancel or a re-sent duplicate)
         await client.hset(store.k.state, "0", state_entry(1, stored_state(state)))
-        won = await store.commit(state, state.model_copy(update={"version": 1}), token=token)
+        won = await store.commit(Transition(state, state.model_copy(update={"version": 1}),
+                                             token=token))
         return won, bool(await client.exists(store.k.lease(0)))
     finally:
         await client.aclose()

@@ -3,7 +3,8 @@
 -- KEYS: meta
 -- Returns 1 when the batch was marked cancelled (or already was), 2 when it had finished
 -- (nothing to stop: left as it ended), 0 when its meta is gone (expired or deleted).
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('HGET', KEYS[1], 'finished') == '1' then return 2 end
-redis.call('HSET', KEYS[1], 'cancelled', 1)
+local meta_key = KEYS[1]
+if redis.call('EXISTS', meta_key) == 0 then return 0 end
+if redis.call('HGET', meta_key, 'finished') == '1' then return 2 end
+redis.call('HSET', meta_key, 'cancelled', 1)
 return 1

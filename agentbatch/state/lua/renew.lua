@@ -1,7 +1,9 @@
--- Extend a lease we still hold, and push the agent's progress deadline (still started) with it.
+-- Extend a lease we still hold, and push the agent's progress deadline with it.
 -- KEYS: lease, watch   ARGV: token, ttl_ms, now_ms, watch member
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local lease_key, watch_key = KEYS[1], KEYS[2]
+local token, ttl_ms, now, member = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+if redis.call('GET', lease_key) ~= token then return 0 end
+redis.call('PEXPIRE', lease_key, ttl_ms)
 -- XX: an agent of a batch deleted or expired meanwhile must not bring back its watch set
-redis.call('ZADD', KEYS[2], 'XX', started_at(tonumber(ARGV[3]) + tonumber(ARGV[2])), ARGV[4])
+redis.call('ZADD', watch_key, 'XX', now + ttl_ms, member)
 return 1

@@ -1,34 +1,46 @@
 -- Re-send a lost agent's task(s), atomically with counting it and moving its deadline.
--- KEYS: state, lease, watch, resends, meta, audit, queue lists...
+-- KEYS: state, lease, watch, resends, meta, audit, started, then one queue list per payload
 -- ARGV: index, version, now_ms, base_ms, max_resends, audit ('1'|'0'), watch member,
---       deadline score the sweep read ('' = do not check), payloads...
+--       deadline score the sweep read ('' = do not check), payloads (JSON array: one task
+--       message per queue list key)
 -- Returns -1 when the agent moved on, is leased again or its deadline is no longer the one
 -- the sweep read (nothing sent), -2 when it was
 -- re-sent max_resends times at this version already (nothing sent: the caller ends it),
 -- else the number of re-sends at this version, this one included. The next look is
 -- base_ms later, doubling with each re-send that made no progress (at most 32x); the
--- re-sent version counts as queued (even deadline) until a worker starts it.
+-- re-sent version counts as queued (its started mark is dropped) until a worker starts it.
 -- Re-sent messages go to the consuming end of the list (RPUSH): recovery jumps the queue.
-if version_of(redis.call('HGET', KEYS[1], ARGV[1])) ~= ARGV[2] then return -1 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local state_key, lease_key, watch_key, resends_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta_key, audit_key, started_key = KEYS[5], KEYS[6], KEYS[7]
+local queues = keys_from(8, #KEYS - 7)
+local index, version, now, base_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_resends, audit, member, seen_score = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7], ARGV[8]
+local payloads = json_list(ARGV[9])
+if #queues ~= #payloads then
+  return redis.error_reply('resend: ' .. #queues .. ' queue keys for ' .. #payloads .. ' payloads')
+end
+
+if version_of(redis.call('HGET', state_key, index)) ~= version then return -1 end
+if redis.call('EXISTS', lease_key) == 1 then return -1 end
 -- The fence of the sweep's pass: another sweeper (this one's lock lapsed mid-pass) that
 -- re-sent the agent, or anything else that touched it, moved the deadline since it was read.
-if ARGV[8] ~= '' and tonumber(redis.call('ZSCORE', KEYS[3], ARGV[7])) ~= tonumber(ARGV[8]) then
+if seen_score ~= '' and tonumber(redis.call('ZSCORE', watch_key, member)) ~= tonumber(seen_score) then
   return -1
 end
 local n = 1
-local prev = redis.call('HGET', KEYS[4], ARGV[1])
+local prev = redis.call('HGET', resends_key, index)
 if prev then
   local pv, pc = string.match(prev, '^(%d+):(%d+)$')
-  if pv == ARGV[2] then n = tonumber(pc) + 1 end
+  if pv == version then n = tonumber(pc) + 1 end
 end
-if n > tonumber(ARGV[5]) then return -2 end
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[2] .. ':' .. n)
-local wait = tonumber(ARGV[4]) * 2 ^ math.min(n - 1, 5)
-redis.call('ZADD', KEYS[3], queued_at(tonumber(ARGV[3]) + wait), ARGV[7])
-redis.call('HINCRBY', KEYS[5], 'stat:recovered', 1)
-if ARGV[6] == '1' then redis.call('XADD', KEYS[6], '*', 'i', ARGV[1], 'resent', ARGV[2]) end
-for j = 7, #KEYS do
-  redis.call('RPUSH', KEYS[j], ARGV[j + 2])
+if n > max_resends then return -2 end
+redis.call('HSET', resends_key, index, version .. ':' .. n)
+local wait = base_ms * 2 ^ math.min(n - 1, 5)
+redis.call('ZADD', watch_key, math.floor(now + wait), member)
+redis.call('HDEL', started_key, index)
+redis.call('HINCRBY', meta_key, 'stat:recovered', 1)
+if audit then redis.call('XADD', audit_key, '*', 'i', index, 'resent', version) end
+for j, queue in ipairs(queues) do
+  redis.call('RPUSH', queue, payloads[j])
 end
 return n

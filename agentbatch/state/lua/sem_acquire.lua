@@ -12,46 +12,48 @@
 -- worker died) is dropped wait_ttl_ms later; the keys expire when nobody waits.
 -- Without a priority, a caller takes a free slot only when nobody waits.
 -- Returns {acquired 0/1, the aimd limit or -1 when there is none, waiters ahead of it}.
+local sem_key, aimd_key, waiters_key, waiter_expiry_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local holder, configured_limit, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local priority, wait_ttl_ms = ARGV[4], tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', sem_key, '-inf', now)
 local dynamic = -1
-local limit = tonumber(ARGV[2])
-local stored = tonumber(redis.call('HGET', KEYS[2], 'limit'))
+local limit = configured_limit
+local stored = tonumber(redis.call('HGET', aimd_key, 'limit'))
 if stored then
   dynamic = stored
   if stored < limit then limit = stored end
 end
-local expires = now + tonumber(ARGV[3])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], expires, ARGV[1])
+local expires = now + ttl_ms
+if redis.call('ZSCORE', sem_key, holder) then
+  redis.call('ZADD', sem_key, expires, holder)
   return {1, dynamic, 0}
 end
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+local gone = redis.call('ZRANGEBYSCORE', waiter_expiry_key, '-inf', now)
 if #gone > 0 then
-  redis.call('ZREM', KEYS[3], unpack(gone))
-  redis.call('ZREM', KEYS[4], unpack(gone))
+  redis.call('ZREM', waiters_key, unpack(gone))
+  redis.call('ZREM', waiter_expiry_key, unpack(gone))
 end
-local free = limit - redis.call('ZCARD', KEYS[1])
+local free = limit - redis.call('ZCARD', sem_key)
 local ahead = 0
-if ARGV[4] == '' then
-  ahead = redis.call('ZCARD', KEYS[3])
+if priority == '' then
+  ahead = redis.call('ZCARD', waiters_key)
 else
-  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    redis.call('ZADD', KEYS[3], tonumber(ARGV[4]) * 1e13 + now, ARGV[1])
+  if not redis.call('ZSCORE', waiters_key, holder) then
+    redis.call('ZADD', waiters_key, tonumber(priority) * 1e13 + now, holder)
   end
-  ahead = redis.call('ZRANK', KEYS[3], ARGV[1])
+  ahead = redis.call('ZRANK', waiters_key, holder)
 end
 if ahead < free then
-  redis.call('ZADD', KEYS[1], expires, ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZADD', sem_key, expires, holder)
+  redis.call('ZREM', waiters_key, holder)
+  redis.call('ZREM', waiter_expiry_key, holder)
   return {1, dynamic, 0}
 end
-if ARGV[4] ~= '' then
-  local wait_ttl = tonumber(ARGV[5])
-  redis.call('ZADD', KEYS[4], now + wait_ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], wait_ttl)
-  redis.call('PEXPIRE', KEYS[4], wait_ttl)
+if priority ~= '' then
+  redis.call('ZADD', waiter_expiry_key, now + wait_ttl_ms, holder)
+  redis.call('PEXPIRE', waiters_key, wait_ttl_ms)
+  redis.call('PEXPIRE', waiter_expiry_key, wait_ttl_ms)
 end
 return {0, dynamic, ahead}

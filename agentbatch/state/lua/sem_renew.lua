@@ -2,9 +2,11 @@
 -- KEYS: sem zset   ARGV: holder, ttl_ms
 -- Returns 1 when renewed, 0 when the holder is gone (expired, evicted or deleted): the holder
 -- must learn that it runs uncounted, not silently take a slot back past the limit.
+local sem_key = KEYS[1]
+local holder, ttl_ms = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', sem_key, '-inf', now)
+if not redis.call('ZSCORE', sem_key, holder) then return 0 end
+redis.call('ZADD', sem_key, now + ttl_ms, holder)
 return 1
