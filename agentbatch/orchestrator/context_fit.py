@@ -152,7 +152,7 @@ async def _summarized(rt: BatchRuntime, state: AgentState, request: ModelRequest
     usage = Usage()
     summary = _SUMMARIES.get(key)
     if summary is None:
-        summary, usage = await _summarize(rt, state, older, budget, size, chars)
+        summary, usage = await _summarize(rt, state, older, budget)
         if summary is None:
             return None
         _SUMMARIES[key] = summary
@@ -162,17 +162,21 @@ async def _summarized(rt: BatchRuntime, state: AgentState, request: ModelRequest
 
 
 async def _summarize(rt: BatchRuntime, state: AgentState, older: list[Message],
-                     budget: _Budget, size: int, chars: int) -> tuple[str | None, Usage]:
+                     budget: _Budget) -> tuple[str | None, Usage]:
     """One model call that summarizes ``older`` (its tool outputs cut first if the call
     itself would not fit)."""
     max_tokens = min(SUMMARY_MAX_TOKENS, max(budget.context // 4, 16))
     room = budget.context - max_tokens
     messages = cp.summary_request_messages(older)
-    estimate = size * cp.prompt_chars(messages) / max(chars, 1)
-    if estimate > room:
-        cut = cp.chars_for_tokens(int(estimate - room) + 1, size, chars) * 2
-        older, _ = cp.truncate_tool_outputs(older, cut, head=0)
-        messages = cp.summary_request_messages(older)
+    cut = 0
+    for round_ in range(ROUNDS):  # the summary call must fit the context too
+        needed, _ = await measure(rt.backend, messages, [], room)
+        if needed <= room:
+            break
+        cut += cp.chars_for_tokens(needed - room, needed, cp.prompt_chars(messages)) * (round_ + 1)
+        messages = cp.summary_request_messages(cp.truncate_tool_outputs(older, cut, head=0)[0])
+    else:
+        return None, Usage()
     plan = rt.plan
     request = ModelRequest(
         model=plan.model, messages=messages, max_tokens=max_tokens,
