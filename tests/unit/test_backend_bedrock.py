@@ -171,7 +171,7 @@ async def test_converse_params_for_a_caching_model(backend: BedrockBackend) -> N
     [call] = resp.tool_calls
     assert (call.id, call.name, call.arguments) == ("tu_9", "weather", {"city": "Rome"})
     assert resp.finish_reason == "tool_calls"
-    assert resp.usage.model_dump() == {
+    assert resp.usage.model_dump(exclude={"prompt_count"}) == {
         "prompt_tokens": 1220,
         "cached_tokens": 1000,
         "completion_tokens": 7,

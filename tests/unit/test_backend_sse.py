@@ -112,7 +112,7 @@ def test_tool_calls_assembled_by_index() -> None:
         ("chatcmpl-tool-b", "time", {"tz": "CET"}),
     ]
     assert resp.finish_reason == "tool_calls"
-    assert resp.usage.model_dump() == {
+    assert resp.usage.model_dump(exclude={"prompt_count"}) == {
         "prompt_tokens": 50,
         "cached_tokens": 32,
         "completion_tokens": 20,
