@@ -1,15 +1,23 @@
-"""Several endpoints of one model as one ``Backend``: least-outstanding routing with affinity.
+"""Several endpoints of one model as one ``Backend``: cache-aware routing with bounded load.
 
 An agent's turns share an ever-growing prefix, so sending them to the same server keeps its
-prefix cache hot; new agents go to the endpoint with the fewest requests in flight (ties
-rotate). An endpoint that fails ``eject_after`` times in a row with a connection error or a
-timeout is ejected: nothing new is routed to it, and a background probe (``health()`` of the
-inner backend, every ``probe_interval_s``) re-admits it once it answers again.
+prefix cache hot. ``routing="affinity"`` (the default) gives each agent a home endpoint by
+rendezvous hashing of its key over the endpoint names (``affinity.rank``): every process
+computes the same home, so on the distributed engine any worker sends an agent's turn to the
+same server. A turn leaves its home only when the home is ejected or suspect (it just failed)
+or holds more than its share of requests in flight (``affinity.load_bound``: ``load_factor``
+times the mean, at least ``load_floor``); it then takes the agent's next choice in the same
+ranking, and the move is counted (``moves()``: ``load`` / ``failover``).
+``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
+
+An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
+ejected: nothing is routed to it, and a background probe (``health()`` of the inner backend,
+every ``probe_interval_s``) re-admits it once it answers again. One such failure short of that
+makes it suspect for ``probe_interval_s``: it comes last in routing, so a retry goes elsewhere
+at once, and a slow server stops receiving turns while it is slow.
 
 The pool never retries by itself: the ``RetryingBackend`` around it does, and each retry is
-routed afresh. An agent whose endpoint refused a connection loses its affinity at once, and
-endpoints with a failure streak come last in routing, so its retry goes elsewhere even before
-the endpoint is ejected.
+routed afresh.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +33,13 @@ from typing import Any
 
 from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from ..model_io import Message, ModelRequest, ModelResponse
+from .affinity import load_bound, rank
 from .base import Backend, ServerLoad
 
 log = logging.getLogger(__name__)
 
 SleepFn = Callable[[float], Awaitable[None]]
-MAX_AFFINITY = 100_000
+ROUTINGS = ("affinity", "least_outstanding")
 
 
 def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
@@ -60,7 +69,9 @@ class _Endpoint:
     failures: int = 0  # consecutive connection failures / timeouts
     ejections: int = 0
     ejected: bool = False
+    suspect_until: float = 0.0  # loop time; after a failure short of ejection
     probe: asyncio.Task[None] | None = None
+    check: asyncio.Task[None] | None = None  # health check after a first failure
 
 
 class EndpointPool(Backend):
@@ -72,13 +83,19 @@ class EndpointPool(Backend):
         *,
         eject_after: int = 3,
         probe_interval_s: float = 2.0,
-        max_affinity: int = MAX_AFFINITY,
+        routing: str = "affinity",
+        load_factor: float = 1.25,
+        load_floor: int = 2,
         sleep: SleepFn | None = None,
     ) -> None:
         if not backends:
             raise ValueError("EndpointPool needs at least one backend")
         if eject_after < 1:
             raise ValueError("eject_after must be >= 1")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
+        if load_factor < 1 or load_floor < 1:
+            raise ValueError("load_factor and load_floor must be >= 1")
         names: list[str] = []
         for b in backends:
             name = b.name
@@ -90,9 +107,12 @@ class EndpointPool(Backend):
         self.capabilities = backends[0].capabilities
         self.eject_after = eject_after
         self.probe_interval_s = probe_interval_s
-        self.max_affinity = max_affinity
+        self.routing = routing
+        self.load_factor = load_factor
+        self.load_floor = load_floor
         self._sleep: SleepFn = sleep or asyncio.sleep
-        self._affinity: OrderedDict[str, int] = OrderedDict()
+        self._names = names
+        self._moves: Counter[str] = Counter()
         self._turn = 0
         self._closed = False
 
@@ -105,40 +125,62 @@ class EndpointPool(Backend):
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _least_loaded(self) -> int:
+    def _suspect(self, ep: _Endpoint) -> bool:
+        return ep.failures > 0 and ep.suspect_until > asyncio.get_running_loop().time()
+
+    def _healthy_indices(self) -> list[int]:
         healthy = [i for i, ep in enumerate(self._eps) if not ep.ejected]
         if not healthy:
             raise BackendUnavailable(
                 f"all {len(self._eps)} endpoints are ejected: "
                 + ", ".join(ep.name for ep in self._eps)
             )
+        return healthy
+
+    def _least_loaded(self) -> int:
+        healthy = self._healthy_indices()
         n, start = len(self._eps), self._turn
         self._turn = (self._turn + 1) % n
         # An endpoint that just failed (not yet ejected) is the last choice, so a retry after a
         # refused connection goes elsewhere; then fewest in flight; ties rotate.
         return min(
             healthy,
-            key=lambda i: (self._eps[i].failures > 0, self._eps[i].outstanding, (i - start) % n),
+            key=lambda i: (self._suspect(self._eps[i]), self._eps[i].outstanding, (i - start) % n),
         )
 
     def _route(self, key: str) -> _Endpoint:
-        if key:
-            index = self._affinity.get(key)
-            if index is not None and not self._eps[index].ejected:
-                self._affinity.move_to_end(key)
-                return self._eps[index]
-        index = self._least_loaded()
-        if key:
-            self._affinity[key] = index
-            self._affinity.move_to_end(key)
-            while len(self._affinity) > self.max_affinity:
-                self._affinity.popitem(last=False)
-        return self._eps[index]
+        if not key or self.routing != "affinity":
+            return self._eps[self._least_loaded()]
+        healthy = set(self._healthy_indices())
+        order = rank(key, self._names)
+        home = order[0]
+        # The agent's ranking over admitted endpoints, suspect ones last (stable: still ranked).
+        choices = sorted((i for i in order if i in healthy),
+                         key=lambda i: self._suspect(self._eps[i]))
+        bound = load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
+                           self.load_factor, self.load_floor)
+        chosen = next((i for i in choices if self._eps[i].outstanding < bound), None)
+        if chosen is None:  # every endpoint is past the bound: the least loaded takes it
+            chosen = self._least_loaded()
+        if chosen != home:
+            home_ep = self._eps[home]
+            self._moves["failover" if home_ep.ejected or self._suspect(home_ep) else "load"] += 1
+        return self._eps[chosen]
 
     def endpoint_for(self, agent_key: str) -> str | None:
-        """The endpoint name an agent is pinned to, if any (for tests and debugging)."""
-        index = self._affinity.get(agent_key)
-        return None if index is None else self._eps[index].name
+        """The endpoint an agent's next turn goes to when no endpoint is past its load
+        bound (for tests and debugging); None if every endpoint is ejected or suspect."""
+        for i in rank(agent_key, self._names):
+            ep = self._eps[i]
+            if not ep.ejected and not self._suspect(ep):
+                return ep.name
+        return None
+
+    def moves(self) -> dict[str, int]:
+        """Turns routed away from their agent's home endpoint, by why: ``load`` (the home was
+        past its bound) and ``failover`` (the home was ejected or had just failed). Each is a
+        turn whose prefix was probably not cached where it ran."""
+        return {"load": self._moves["load"], "failover": self._moves["failover"]}
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         ep = self._route(request.agent_key)
@@ -147,7 +189,7 @@ class EndpointPool(Backend):
         try:
             response = await ep.backend.complete(request)
         except BackendError as exc:
-            self._failed(ep, exc, request.agent_key)
+            self._failed(ep, exc)
             raise
         finally:
             ep.outstanding -= 1
@@ -167,17 +209,28 @@ class EndpointPool(Backend):
 
     # -- health -----------------------------------------------------------------------------
 
-    def _failed(self, ep: _Endpoint, exc: BackendError, key: str) -> None:
+    def _failed(self, ep: _Endpoint, exc: BackendError) -> None:
         ep.errors += 1
         if not isinstance(exc, BackendUnavailable | BackendTimeout):
             ep.failures = 0  # it answered: the server is up, the request was the problem
             return
-        pinned = self._affinity.get(key) if key else None
-        if isinstance(exc, BackendUnavailable) and pinned == self._eps.index(ep):
-            del self._affinity[key]
         ep.failures += 1
+        ep.suspect_until = asyncio.get_running_loop().time() + self.probe_interval_s
         if ep.failures >= self.eject_after:
             self._eject(ep, f"{ep.failures} consecutive failures, last: {exc}")
+        elif ep.check is None and not ep.ejected and not self._closed:
+            ep.check = asyncio.get_running_loop().create_task(
+                self._check(ep, str(exc)), name=f"agentbatch-check-{ep.name}"
+            )
+
+    async def _check(self, ep: _Endpoint, error: str) -> None:
+        """After a failure: a server that does not answer its health check either (killed,
+        stopped) is ejected now, without waiting for ``eject_after`` more failed turns."""
+        try:
+            if not await self._healthy(ep):
+                self._eject(ep, f"health check failed after: {error}")
+        finally:
+            ep.check = None
 
     def _eject(self, ep: _Endpoint, reason: str) -> None:
         if ep.ejected or self._closed:
@@ -287,14 +340,14 @@ class EndpointPool(Backend):
     async def aclose(self) -> None:
         """Stop the probes and close every endpoint (errors closing one do not stop the rest)."""
         self._closed = True
-        probes = [ep.probe for ep in self._eps if ep.probe is not None]
+        probes = [t for ep in self._eps for t in (ep.probe, ep.check) if t is not None]
         for task in probes:
             task.cancel()
         for task in probes:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for ep in self._eps:
-            ep.probe = None
+            ep.probe = ep.check = None
         results = await asyncio.gather(
             *(ep.backend.aclose() for ep in self._eps), return_exceptions=True
         )

@@ -124,6 +124,19 @@ def endpoints(backend: Backend) -> list[Backend]:
     return [backend]
 
 
+def pool_stats(backend: Backend) -> dict[str, object] | None:
+    """Routing counters of the ``EndpointPool`` under the wrapping layers, for
+    ``handle.stats()["pool"]``: per endpoint (requests, errors, ejections, ejected) and the
+    turns moved off their agent's home endpoint (``EndpointPool.moves``); None for one URL."""
+    from .pool import EndpointPool
+
+    while isinstance(backend, BackendWrapper):
+        backend = backend.inner
+    if not isinstance(backend, EndpointPool):
+        return None
+    return {"endpoints": backend.stats(), "moves": backend.moves()}
+
+
 def inflight_hint(backend: Backend) -> int | None:
     """The most requests worth having in flight on ``backend``, from what its servers said at
     preflight (``inflight_hint`` of each endpoint, e.g. llama.cpp's slot count), summed over

@@ -163,12 +163,15 @@ class EmbeddedHandle(BatchHandle):
         """Requests sent, retries, peak in-flight requests and tool-pool counters."""
         if self.engine is None:
             return {}
+        from ..backends.setup import pool_stats
+
         backend = self.engine.rt.backend
         return {
             "requests_sent": backend.requests_sent,
             "retries": backend.retries,
             "peak_inflight": self.engine.slots.peak,
             "tools": self.engine.rt.tools.stats(),
+            "pool": pool_stats(backend),  # None for one URL
         }
 
     def cancel(self) -> None:

@@ -107,6 +107,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return too_long
     n = state.next_request("chat_completions")
     plan = plan_chat(body)
+    state.stats.chat_by_agent[plan.agent_key] += 1
     fault = state.decide_fault(plan.agent_key, plan.script.fails, n)
     if (response := _fault_response(fault)) is not None:
         return response

@@ -88,6 +88,9 @@ class SimStats:
     template_requests: Counter[str] = field(default_factory=Counter)
     recent_completions: deque[dict[str, Any]] = field(
         default_factory=lambda: deque(maxlen=RECENT_COMPLETIONS))
+    # chat requests by the sim's agent key (sha1 of the first user message): which server
+    # each agent's turns reached (tests of a pool's routing)
+    chat_by_agent: Counter[str] = field(default_factory=Counter)
 
     def set_load(self, running: int, waiting: int) -> None:
         self.running, self.waiting = running, waiting
@@ -120,6 +123,7 @@ class SimStats:
             "ttft_mean_s": self.ttft.total / self.ttft.count if self.ttft.count else None,
             "template_requests": dict(self.template_requests),
             "recent_completions": list(self.recent_completions),
+            "chat_by_agent": dict(self.chat_by_agent),
         }
 
 

@@ -1,0 +1,81 @@
+"""A pool of two simulators: every turn of an agent lands on one server, on both engines.
+
+The simulators count chat requests per agent (``/sim/stats`` ``chat_by_agent``, keyed by the
+sha1 of the agent's first user message), so the assertions are about which server served
+which agent's turns, never about timings. On the distributed engine two worker processes
+route each agent's turns with no shared state: they agree only because the home endpoint is
+a function of the agent's key (rendezvous hashing).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentbatch import submit_batch
+from agentbatch.sim import SimConfig, SimServer
+from tests.support.tools import Answer, pad
+
+AGENTS = 24
+TURNS = 4  # three tool rounds, then the answer
+TASK = ('Agent {i}.\n@sim tool pad {{"n": 1}}\n@sim tool pad {{"n": 2}}\n'
+        '@sim tool pad {{"n": 3}}')
+
+
+def sim_stats(server: SimServer) -> dict[str, Any]:
+    with urllib.request.urlopen(server.url + "/sim/stats", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def split_agents(servers: list[SimServer]) -> tuple[int, list[str]]:
+    """(agents whose TURNS turns were all counted, agents served by more than one server)."""
+    per_server = [sim_stats(s)["chat_by_agent"] for s in servers]
+    keys = {k for counts in per_server for k in counts}
+    agents = [k for k in keys if sum(c.get(k, 0) for c in per_server) == TURNS]
+    split = [k for k in agents if sum(1 for c in per_server if c.get(k)) > 1]
+    return len(agents), split
+
+
+@pytest.fixture
+def two_sims() -> Iterator[list[SimServer]]:
+    with SimServer(SimConfig(fixed_ms=5)) as a, SimServer(SimConfig(fixed_ms=5)) as b:
+        yield [a, b]
+
+
+def test_embedded_keeps_each_agents_turns_on_one_server(two_sims: list[SimServer]) -> None:
+    handle = submit_batch(TASK, [{"i": i} for i in range(AGENTS)], model="sim-model",
+                          output_schema=Answer, tools=[pad],
+                          backend=[s.url for s in two_sims])
+    results = handle.wait(timeout=120)
+    assert all(r.ok and r.turns == TURNS for r in results), [r.error for r in results][:3]
+    agents, split = split_agents(two_sims)
+    assert agents == AGENTS
+    pool = handle.stats()["pool"]
+    moves = pool["moves"]
+    # A turn leaves its home only past the load bound, and each such turn is counted.
+    assert len(split) <= moves["load"] and moves["failover"] == 0, (split, moves)
+    assert len(split) < AGENTS // 2
+    served = [s["requests"] for s in pool["endpoints"].values()]
+    assert all(n > 0 for n in served), served  # both servers took agents
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_two_workers_send_each_agents_turns_to_one_server(
+        redis_url: str, start_workers: Any, two_sims: list[SimServer]) -> None:
+    # Two in flight per worker at most: below the pool's load bound, so no turn may move and
+    # every agent's turns must meet on its home server, whichever worker runs them.
+    start_workers(2, concurrency=2)
+    handle = submit_batch(TASK, [{"i": i} for i in range(AGENTS)], model="sim-model",
+                          output_schema=Answer, tools=[pad],
+                          backend=[s.url for s in two_sims], redis_url=redis_url)
+    results = handle.wait(timeout=180)
+    assert all(r.ok and r.turns == TURNS for r in results), [r.error for r in results][:3]
+    agents, split = split_agents(two_sims)
+    assert agents == AGENTS
+    assert split == [], f"{len(split)} of {AGENTS} agents were served by both servers"
+    assert all(sim_stats(s)["requests"].get("chat_completions", 0) > 0 for s in two_sims)
