@@ -186,9 +186,15 @@ def worker(
 
     celery_app.conf.update(celery_config(redis_url))
     if metrics_port:
-        from .workers.metrics import serve_metrics
+        from .metrics.server import MetricsPortInUse
+        from .workers.metrics import prepare_prefork, serve_metrics
 
-        serve_metrics(metrics_port, host=metrics_host)
+        if pool == "prefork":  # values in files every forked child writes, set before forking
+            prepare_prefork()
+        try:
+            serve_metrics(metrics_port, host=metrics_host, redis_url=redis_url)
+        except MetricsPortInUse as exc:
+            raise _fail(str(exc)) from None
     argv = ["worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "--loglevel", loglevel,
             "--without-mingle", "--without-gossip"]
     if hostname:

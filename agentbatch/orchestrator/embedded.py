@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import ServerBusy
+from ..metrics import record_agent_end
 from ..results import AgentResult
 from .agent_state import AgentState, AgentStatus
 from .backpressure import BackpressureGate, turn_deadline
@@ -112,6 +113,7 @@ class EmbeddedEngine:
             latency = self.ended[state.index]
         else:
             latency = time.monotonic() - self._started
+            record_agent_end(state)
             await self._save_end(state, latency)
         self.sink(materialize(result_from_state(state, latency, self.rt.plan), self.rt.contract))
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..backends.setup import inflight_hint, open_backend, preflight_backend, warm_backend
 from ..checkpoint import CheckpointStore, close_checkpoint, open_for_batch
+from ..metrics.server import serve_embedded
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
 from .backpressure import BackpressureGate
@@ -49,6 +50,8 @@ class EmbeddedHandle(BatchHandle):
 
     async def _prepare(self) -> BatchRuntime:
         plan = self.compiled.plan
+        if self.opts.metrics_port is not None:  # a port in use: refused before any request
+            serve_embedded(self.opts.metrics_port)
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                batch_prompting=plan.batch_prompting)
         try:  # the checkpoint first: a bad checkpoint_dir is refused before any request

@@ -103,6 +103,12 @@ class BatchOptions:
         "Jupyter when tqdm is installed): done, failed by kind, running, awaiting tools, "
         "throughput, ETA, engine. None: on when stderr is a terminal or in Jupyter, and the "
         "``CI`` environment variable is unset. Submitter-side only: not sent to workers."))
+    metrics_port: int | None = field(default=None, metadata=_doc(
+        "the embedded engine serves Prometheus metrics (``agentbatch_*``, the names a worker "
+        "exports; docs/metrics.md) at ``http://127.0.0.1:PORT/metrics`` for the rest of the "
+        "process (env ``AGENTBATCH_METRICS_HOST`` for another interface). A port in use is "
+        "refused, naming it. Submitter-side only: refused with redis_url, where each worker "
+        "exports its own (``agentbatch worker --metrics-port``)."))
     redis_url: str | None = field(default=None, metadata=_doc(
         "selects the distributed engine (env ``AGENTBATCH_REDIS_URL``)."))
     batch_id: str | None = field(default=None, metadata=_doc(

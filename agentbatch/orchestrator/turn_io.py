@@ -10,6 +10,7 @@ import logging
 
 from ..backends.sse import tool_call_listener
 from ..errors import BackendError
+from ..metrics import model_call, record_reply
 from ..model_io import ToolCall, ToolOutcome, Usage
 from ..toolpool import ToolContext
 from .agent_state import AgentState
@@ -44,7 +45,7 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     # max_retries=0 means one attempt, and timeout_per_turn bounds all of this call's attempts.
     request.max_attempts = max(rt.policy.max_retries - state.retries, 0) + 1
     try:
-        with tool_call_listener(early):
+        with tool_call_listener(early), model_call(rt.backend.name):
             response = await rt.backend.complete(request)
     except BackendError as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable,
@@ -59,6 +60,7 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
         usage = (fitted.usage + response.usage).model_copy(
             update={"prompt_count": fitted.count or response.usage.prompt_count})
         response = response.model_copy(update={"usage": usage})
+    record_reply(rt.backend.name, response)
     return ModelReplied(response, attempts=response.attempts)
 
 

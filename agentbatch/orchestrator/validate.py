@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
 from ..errors import BatchSpecError, ConfigError
+from ..metrics.server import check_metrics_port
 from ..state.connection import check_url
 from ..toolpool import Tool
 from .compaction import check_compaction
@@ -206,6 +207,7 @@ def check_options(opts: BatchOptions) -> None:
     if opts.on_result is not None and not callable(opts.on_result):
         raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")
     _check_checkpoint(opts)
+    check_metrics_port(opts.metrics_port, opts.redis_url)
 
 
 def _check_checkpoint(opts: BatchOptions) -> None:

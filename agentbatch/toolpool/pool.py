@@ -33,6 +33,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from ..errors import BatchSpecError, ToolError
+from ..metrics import record_tool
 from ..model_io import ToolCall, ToolOutcome, canonical_json
 from .cache import ResultCache, TTLCache
 from .coalesce import Coalescer, InflightCoalescer
@@ -293,6 +294,7 @@ class ToolPool:
         if counters is None:
             counters = self._stats[name] = dict.fromkeys(_COUNTERS, 0)
         counters[counter] += 1
+        record_tool(name, counter)
 
     def _error(self, call: ToolCall, message: str, *, shared: bool = False) -> ToolOutcome:
         self._bump(call.name, "errors")

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ..backends.base import Backend
 from ..backends.setup import inflight_hint, learn_inflight_hint, open_backend
 from ..errors import BatchSpecError, ConfigError, RateLimited
+from ..metrics import EventCounter
 from ..orchestrator.backpressure import BackpressureGate
 from ..orchestrator.options import DEFAULT_MAX_INFLIGHT
 from ..orchestrator.output import OutputContract
@@ -65,7 +66,7 @@ class WorkerContext:
         self.coalescer = RedisCoalescer(self.redis, self.scripts, self.hub,
                                         lock_ttl_ms=settings.lease_ttl_ms)
         self.cache = RedisResultCache(self.redis)
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = EventCounter()  # also agentbatch_events_total
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
         self._backends: dict[tuple[str, ...], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from ..errors import BatchCancelled, ServerBusy
+from ..metrics import record_agent_end
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.backpressure import turn_deadline
@@ -88,6 +89,8 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
         listed=listed, consumed=consumed))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
+    elif new.terminal:
+        record_agent_end(new)
     return []
 
 

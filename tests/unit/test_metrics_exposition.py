@@ -1,16 +1,23 @@
-"""The simulator's and the worker's /metrics bodies read back with prometheus_client's parser."""
+"""The simulator's and agentbatch's /metrics bodies read back with prometheus_client's parser."""
 
 from __future__ import annotations
 
-from collections import Counter
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentbatch import metrics as agentbatch_metrics
 from agentbatch.backends.prom import parse_server_load
+from agentbatch.errors import BatchSpecError, RateLimited
+from agentbatch.metrics import EventCounter
+from agentbatch.metrics.collectors import queue_lists
+from agentbatch.metrics.server import build_registry, check_metrics_port
+from agentbatch.model_io import ModelResponse, Usage
 from agentbatch.sim.metrics import SimStats, render_prometheus
-from agentbatch.workers import metrics as worker_metrics
+from agentbatch.workers.app import PRIORITY_STEPS
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -62,20 +69,66 @@ def test_sim_exposition_gives_the_server_load() -> None:
     assert counters is not None and (counters.hits, counters.queries) == (300.0, 400.0)
 
 
-def test_worker_exposition_counts_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    stats = Counter({"turn_done": 7, "tool_error": 2, 'odd "event"': 1})
-    monkeypatch.setattr(worker_metrics, "worker_context", lambda: SimpleNamespace(stats=stats))
-    families = list(text_string_to_metric_families(worker_metrics.render().decode()))
-    assert [(f.name, f.type) for f in families] == [("agentbatch_events", "counter")]
-    assert {(s.name, s.labels["event"]): s.value for s in families[0].samples} == {
-        ("agentbatch_events_total", "turn_done"): 7.0,
-        ("agentbatch_events_total", "tool_error"): 2.0,
-        ("agentbatch_events_total", 'odd "event"'): 1.0,
-    }
+def _agentbatch_samples() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """This process's agentbatch_* metrics as served (the registry a server builds)."""
+    return _samples(generate_latest(build_registry()).decode())
 
 
-def test_worker_exposition_without_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_metrics, "worker_context",
-                        lambda: SimpleNamespace(stats=Counter()))
-    families = list(text_string_to_metric_families(worker_metrics.render().decode()))
-    assert [(f.name, f.samples) for f in families] == [("agentbatch_events", [])]
+def _delta(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_worker_events_count_in_agentbatch_events_total() -> None:
+    before = _agentbatch_samples()
+    stats = EventCounter()  # what WorkerContext.stats is
+    stats["turn_done"] += 7
+    stats['odd "event"'] += 1
+    stats["turn_done"] += 2
+    after = _agentbatch_samples()
+    assert stats["turn_done"] == 9
+    assert _delta(before, after, "agentbatch_events_total", event="turn_done") == 9.0
+    assert _delta(before, after, "agentbatch_events_total", event='odd "event"') == 1.0
+
+
+def test_model_calls_and_tools_are_counted_by_their_labels() -> None:
+    before = _agentbatch_samples()
+    with agentbatch_metrics.model_call("sim://x"):
+        pass
+    response = ModelResponse(text="ok", usage=Usage(prompt_tokens=40, cached_tokens=30,
+                                                    completion_tokens=5), ttft_s=0.02)
+    agentbatch_metrics.record_reply("sim://x", response)
+    with pytest.raises(RateLimited), agentbatch_metrics.model_call("sim://x"):
+        raise RateLimited("slow down")
+    for counter in ("calls", "executions", "calls", "cache_hits"):
+        agentbatch_metrics.record_tool("t_exposition", counter)
+    after = _agentbatch_samples()
+    turns = "agentbatch_turns_total"
+    assert _delta(before, after, turns, outcome="replied", error_kind="") == 1.0
+    assert _delta(before, after, turns, outcome="failed", error_kind="rate_limited") == 1.0
+    assert _delta(before, after, "agentbatch_tokens_total", kind="cached") == 30.0
+    assert _delta(before, after, "agentbatch_model_latency_seconds_count",
+                  backend="sim://x") == 2.0
+    assert _delta(before, after, "agentbatch_model_ttft_seconds_count", backend="sim://x") == 1
+    assert after[("agentbatch_model_inflight", frozenset({("backend", "sim://x")}))] == 0.0
+    tool = {"tool": "t_exposition"}
+    assert after[("agentbatch_tool_calls_total", frozenset(tool.items()))] == 2.0
+    assert after[("agentbatch_tool_executions_total", frozenset(tool.items()))] == 1.0
+    assert after[("agentbatch_tool_shared_total",
+                  frozenset({**tool, "how": "cached"}.items()))] == 1.0
+    # every counter of a tool exists from its first call, so a dashboard finds it at 0
+    assert after[("agentbatch_tool_timeouts_total", frozenset(tool.items()))] == 0.0
+
+
+def test_queue_lists_are_the_lists_keda_scales_on() -> None:
+    keda = Path(__file__).resolve().parents[2] / "k8s" / "keda.yaml"
+    listed = {t["metadata"]["listName"] for doc in yaml.safe_load_all(keda.read_text())
+              if doc for t in doc["spec"].get("triggers", [])}
+    assert {name for q in ("inference", "tools")
+            for _, name in queue_lists(q, PRIORITY_STEPS)} == listed
+
+
+@pytest.mark.parametrize("port", [0, 65536, True, "9100", 9100.0])
+def test_metrics_port_must_be_a_port_number(port: object) -> None:
+    with pytest.raises(BatchSpecError, match="metrics_port must be a port number"):
+        check_metrics_port(port, None)

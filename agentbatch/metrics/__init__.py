@@ -1,0 +1,177 @@
+"""agentbatch's Prometheus metrics (``agentbatch_*``): every metric declared once, here.
+
+Both engines record through the functions below, at the single place each thing happens: a
+model call (``orchestrator/turn_io.call_model``), a tool call (``ToolPool._bump``), an agent's
+end (the embedded engine's ``_drive``, the worker's ``commit``), a worker event
+(``WorkerContext.stats``). The names are listed in docs/metrics.md and used by
+deploy/grafana-agentbatch.json.
+
+The metric objects are made on first use, not at import: under Celery's prefork pool the
+worker sets ``PROMETHEUS_MULTIPROC_DIR`` (``metrics.server.enable_multiprocess``) before any
+of them exists, so each forked child writes its values to files the metrics server sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter as _Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from ..model_io import ModelResponse
+    from ..orchestrator.agent_state import AgentState
+
+# Seconds: model calls last from ~10 ms (a small local model) to minutes (a long completion).
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# ToolPool's counters (toolpool/pool.py ``_COUNTERS``) -> (metric, extra labels).
+_TOOL_COUNTERS = {
+    "calls": ("tool_calls", {}),
+    "executions": ("tool_executions", {}),
+    "cache_hits": ("tool_shared", {"how": "cached"}),
+    "coalesced": ("tool_shared", {"how": "coalesced"}),
+    "errors": ("tool_errors", {}),
+    "timeouts": ("tool_timeouts", {}),
+}
+
+
+@dataclass(frozen=True)
+class Metrics:
+    registry: CollectorRegistry
+    turns: Counter
+    agents_finished: Counter
+    tokens: Counter
+    model_latency: Histogram
+    model_ttft: Histogram
+    model_inflight: Gauge
+    tool_calls: Counter
+    tool_executions: Counter
+    tool_shared: Counter
+    tool_errors: Counter
+    tool_timeouts: Counter
+    events: Counter
+
+
+_lock = threading.Lock()
+_metrics: Metrics | None = None
+
+
+def created() -> bool:
+    """Whether the metric objects exist yet (multiprocess mode must be chosen before)."""
+    return _metrics is not None
+
+
+def metrics() -> Metrics:
+    """The metric objects of this process, made on first use (see the module doc)."""
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = _declare()
+    return _metrics
+
+
+def _declare() -> Metrics:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    reg = CollectorRegistry(auto_describe=True)
+    return Metrics(
+        registry=reg,
+        turns=Counter("agentbatch_turns", "Model calls, by outcome (replied, failed) and "
+                      "error kind (empty when replied).", ["outcome", "error_kind"],
+                      registry=reg),
+        agents_finished=Counter("agentbatch_agents_finished", "Agents that ended, by status "
+                                "(done, failed, cancelled) and error kind.",
+                                ["status", "error_kind"], registry=reg),
+        tokens=Counter("agentbatch_tokens", "Tokens of model calls, by kind (prompt, cached: "
+                       "the part of the prompt served from a prefix cache, completion).",
+                       ["kind"], registry=reg),
+        model_latency=Histogram("agentbatch_model_latency_seconds", "Seconds per model call "
+                                "(retries included), by backend.", ["backend"],
+                                buckets=LATENCY_BUCKETS, registry=reg),
+        model_ttft=Histogram("agentbatch_model_ttft_seconds", "Time to first token of "
+                             "streamed model calls, by backend.", ["backend"],
+                             buckets=TTFT_BUCKETS, registry=reg),
+        model_inflight=Gauge("agentbatch_model_inflight", "Model calls in flight, by backend.",
+                             ["backend"], multiprocess_mode="livesum", registry=reg),
+        tool_calls=Counter("agentbatch_tool_calls", "Tool calls made by agents, by tool.",
+                           ["tool"], registry=reg),
+        tool_executions=Counter("agentbatch_tool_executions", "Tool calls that ran the tool "
+                                "function, by tool.", ["tool"], registry=reg),
+        tool_shared=Counter("agentbatch_tool_shared", "Tool calls answered without running: "
+                            "from the cache (how=cached) or another call's run "
+                            "(how=coalesced), by tool.", ["tool", "how"], registry=reg),
+        tool_errors=Counter("agentbatch_tool_errors", "Tool calls that ended in an error, by "
+                            "tool.", ["tool"], registry=reg),
+        tool_timeouts=Counter("agentbatch_tool_timeouts", "Tool calls that timed out, by tool.",
+                              ["tool"], registry=reg),
+        events=Counter("agentbatch_events", "Worker events (dropped duplicates, recoveries, "
+                       "...), by kind.", ["event"], registry=reg),
+    )
+
+
+# --- recording: one call at each place where it happens -----------------------------------
+
+
+@contextlib.contextmanager
+def model_call(backend: str) -> Iterator[None]:
+    """Around one model call: in flight while it runs, its latency, and a failure's kind."""
+    m = metrics()
+    inflight = m.model_inflight.labels(backend=backend)
+    inflight.inc()
+    start = time.monotonic()
+    try:
+        yield
+    except Exception as exc:
+        kind = str(getattr(exc, "kind", "internal"))
+        m.turns.labels(outcome="failed", error_kind=kind).inc()
+        raise
+    finally:
+        inflight.dec()
+        m.model_latency.labels(backend=backend).observe(time.monotonic() - start)
+
+
+def record_reply(backend: str, response: ModelResponse) -> None:
+    """A model call that replied: one turn, its tokens and its time to first token."""
+    m = metrics()
+    m.turns.labels(outcome="replied", error_kind="").inc()
+    usage = response.usage
+    for kind, n in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
+                    ("completion", usage.completion_tokens)):
+        m.tokens.labels(kind=kind).inc(max(n, 0))
+    if response.ttft_s is not None:
+        m.model_ttft.labels(backend=backend).observe(response.ttft_s)
+
+
+def record_agent_end(state: AgentState) -> None:
+    """An agent reached a terminal state (counted by the engine that committed it)."""
+    kind = state.error.kind if state.error is not None else ""
+    metrics().agents_finished.labels(status=state.status.value, error_kind=kind).inc()
+
+
+def record_tool(tool: str, counter: str, n: int = 1) -> None:
+    """One of ToolPool's per-tool counters moved (``calls``, ``executions``, ...)."""
+    m = metrics()
+    if counter == "calls":  # a tool's every counter exists from its first call (at 0)
+        for other, labels in _TOOL_COUNTERS.values():
+            getattr(m, other).labels(tool=tool, **labels)
+    name, extra = _TOOL_COUNTERS.get(counter, (None, {}))
+    if name is not None:
+        getattr(m, name).labels(tool=tool, **extra).inc(n)
+
+
+class EventCounter(_Counter[str]):
+    """A worker's event counts (``ctx.stats[what] += n``) that also count in
+    ``agentbatch_events_total``, so the count survives prefork (a child's dict does not)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        delta = value - self.get(key, 0)
+        super().__setitem__(key, value)
+        if isinstance(delta, int | float) and delta > 0:
+            metrics().events.labels(event=key).inc(delta)
