@@ -23,6 +23,8 @@ ErrorKind = Literal[
     "internal",  # a bug or damaged state: the step raised, or the state entry is unreadable
     # the next turn's prompt does not fit the context, even after compaction (never sent):
     "context_overflow",
+    # max_cost_usd or max_agent_cost_usd reached: no new turn was started (``budget.py``):
+    "budget_exceeded",
 ]
 
 

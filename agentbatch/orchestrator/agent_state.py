@@ -39,6 +39,10 @@ class AgentState(BaseModel):
     messages: list[Message] = Field(default_factory=list)  # the conversation after the prefix
     pending_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    # The part of ``usage`` served through a provider's batch API (priced at ``batch_`` rates)
+    # and how many replies that was; the rest went through the sync API.
+    batch_usage: Usage = Field(default_factory=Usage)
+    batch_turns: int = 0
     tool_log: list[ToolCallRecord] = Field(default_factory=list)
     text: str | None = None
     ttft_s: float | None = None  # time to first token of the first streamed model turn

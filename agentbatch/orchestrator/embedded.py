@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -15,17 +16,29 @@ from typing import TYPE_CHECKING
 
 from ..errors import ServerBusy
 from ..metrics import record_agent_end
+from ..model_io import ModelRequest, ModelResponse
 from ..results import AgentResult
 from .agent_state import AgentState, AgentStatus
 from .backpressure import BackpressureGate, turn_deadline
+from .budget import Budget
 from .finish import materialize, result_from_state
 from .priority_slots import PrioritySlots
 from .runtime import BatchRuntime
 from .turn_io import EarlyTools, call_model, run_tools
-from .turns import Abandoned, CallModel, Cancelled, Event, ModelFailed, next_action, step
+from .turns import (
+    Abandoned,
+    CallModel,
+    Cancelled,
+    Event,
+    ModelFailed,
+    ModelReplied,
+    next_action,
+    step,
+)
 
 if TYPE_CHECKING:
     from ..checkpoint import CheckpointStore
+    from .batch_turns import ProviderBatchTurns
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +47,11 @@ class EmbeddedEngine:
     def __init__(self, rt: BatchRuntime, states: list[AgentState],
                  sink: Callable[[AgentResult], None], *, max_inflight: int,
                  gate: BackpressureGate | None = None, checkpoint: CheckpointStore | None = None,
-                 ended: dict[int, float | None] | None = None) -> None:
+                 ended: dict[int, float | None] | None = None, budget: Budget | None = None,
+                 provider: ProviderBatchTurns | None = None) -> None:
         self.rt = rt
+        self.budget = budget  # spend, caps and the projection (every commit is recorded)
+        self.provider = provider  # pricing="batch"|"auto": turns through a provider batch
         self.checkpoint = checkpoint  # saves each committed state before the next action
         self.ended = ended or {}  # agents that ended in an earlier run: index -> latency
         self.states = {s.index: s for s in states}
@@ -82,11 +98,46 @@ class EmbeddedEngine:
                     await self.gate.wait_ready(deadline=deadline)
                 except ServerBusy as exc:
                     return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
+            if self.provider is not None and self.budget is not None:
+                left = self.budget.work.turns_left(state)
+                if self.provider.route(left, self.budget.work.live) == "batch":
+                    return await self._batch_turn(state, action, left)
             async with self.slots.slot(action.turns_left):
+                if self.budget is not None and (why := self.budget.refusal(state)):
+                    return Abandoned("budget_exceeded", why)  # checked as the turn starts
                 with _busy(self.in_model, state.index):
+                    if self.provider is not None:  # its latency feeds the routing
+                        return await call_model(self.rt, state, action, early,
+                                                complete=self.provider.sync)
                     return await call_model(self.rt, state, action, early)
         with _busy(self.in_tools, state.index):
             return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]
+
+    async def _batch_turn(self, state: AgentState, action: CallModel, left: float) -> Event:
+        """One turn through the provider batch API (no inference slot held while it waits),
+        committed as a sync one; ``batch=True`` when the batch's answer won."""
+        assert self.provider is not None and self.budget is not None
+        if why := self.budget.refusal(state):
+            return Abandoned("budget_exceeded", why)
+        served: list[bool] = []
+        provider = self.provider
+
+        async def complete(request: ModelRequest) -> ModelResponse:
+            response, by_batch = await provider.complete(request, left)
+            served.append(by_batch)
+            return response
+
+        with _busy(self.in_model, state.index):
+            event = await call_model(self.rt, state, action, None, complete=complete)
+        if isinstance(event, ModelReplied) and served and served[-1]:
+            event = dataclasses.replace(event, batch=True)
+        return event
+
+    def _commit(self, state: AgentState) -> None:
+        """The engine's copy of the agent becomes ``state``; the budget sees the change."""
+        if self.budget is not None:
+            self.budget.record(self.states[state.index], state)
+        self.states[state.index] = state
 
     async def _drive(self, state: AgentState) -> None:
         policy = self.rt.policy
@@ -96,7 +147,7 @@ class EmbeddedEngine:
                 if isinstance(action, CallModel):  # streamed tool calls start at once
                     early = EarlyTools(self.rt, state)
                 state = step(policy, state, await self._perform(state, action, early))
-                self.states[state.index] = state
+                self._commit(state)
                 if self.checkpoint is not None and not state.terminal:  # the one commit
                     await self.checkpoint.save(state)  # point; the end is saved below
                 if isinstance(action, CallModel):
@@ -108,7 +159,7 @@ class EmbeddedEngine:
             log.exception("agent %s failed inside the engine", state.index)
             if not state.terminal:
                 state = step(policy, state, Abandoned("internal", f"{type(exc).__name__}: {exc}"))
-        self.states[state.index] = state
+        self._commit(state)
         if state.index in self.ended:  # its result comes from the checkpoint, as it was
             latency = self.ended[state.index]
         else:

@@ -8,16 +8,28 @@ import contextlib
 import inspect
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from ..backends.setup import inflight_hint, open_backend, preflight_backend, warm_backend
+from ..backends.base import Backend
+from ..backends.provider_batch import batch_client
+from ..backends.setup import (
+    endpoints,
+    inflight_hint,
+    open_backend,
+    preflight_backend,
+    warm_backend,
+)
 from ..checkpoint import CheckpointStore, close_checkpoint, open_for_batch
+from ..errors import BatchSpecError
 from ..metrics.server import serve_embedded
 from ..results import AgentResult
 from ..toolpool import ToolPool, TTLCache
 from .backpressure import BackpressureGate
+from .batch_turns import ProviderBatchTurns
+from .budget import Budget, WorkEstimate
 from .compile import CompiledBatch
 from .embedded import EmbeddedEngine
 from .handle import BatchHandle
@@ -25,6 +37,7 @@ from .options import DEFAULT_MAX_INFLIGHT, BatchOptions
 from .progress import BatchProgress, Throughput, embedded_snapshot
 from .result_buffer import ResultBuffer
 from .runtime import BatchRuntime
+from .validate import deadline_in
 
 log = logging.getLogger(__name__)
 _live: weakref.WeakSet[EmbeddedHandle] = weakref.WeakSet()
@@ -45,6 +58,8 @@ class EmbeddedHandle(BatchHandle):
         self._checkpoint: CheckpointStore | None = None
         self._rate = Throughput()
         self._final: BatchProgress | None = None
+        left = deadline_in(opts.deadline)  # "seconds from submit": counted from here
+        self._deadline = None if left is None else time.monotonic() + left
 
     # --- starting -------------------------------------------------------------------------
 
@@ -54,12 +69,17 @@ class EmbeddedHandle(BatchHandle):
             serve_embedded(self.opts.metrics_port)
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                batch_prompting=plan.batch_prompting)
+        provider = None
         try:  # the checkpoint first: a bad checkpoint_dir is refused before any request
             self._checkpoint, resumed = await open_for_batch(self.compiled, self.opts)
             await preflight_backend(backend, plan)
-            if plan.warm_prefix and self.total > 1:
+            provider = await self._provider_batches(backend)
+            # all-batch turns do not go through the sync API whose prefix cache it warms
+            if plan.warm_prefix and self.total > 1 and self.opts.pricing != "batch":
                 await warm_backend(backend, plan)
         except BaseException:
+            if provider is not None:
+                await provider.aclose()
             await backend.aclose()
             await close_checkpoint(self._checkpoint)
             raise
@@ -73,12 +93,33 @@ class EmbeddedHandle(BatchHandle):
         gate = None
         if plan.max_server_waiting is not None:
             gate = BackpressureGate(backend, max_waiting=plan.max_server_waiting)
+        work = WorkEstimate(total=self.total, max_turns=plan.max_turns)
+        work.live = sum(not s.terminal for s in resumed.states)
+        budget = Budget(plan.prices[plan.model] if plan.prices else None, work,
+                        max_cost_usd=self.opts.max_cost_usd,
+                        max_agent_cost_usd=self.opts.max_agent_cost_usd)
         self.engine = EmbeddedEngine(rt, resumed.states, self._sink, max_inflight=limit,
                                      gate=gate, checkpoint=self._checkpoint,
-                                     ended=resumed.ended)
+                                     ended=resumed.ended, budget=budget, provider=provider)
         if self._pending_cancel:
             self.engine.cancel()
         return rt
+
+    async def _provider_batches(self, backend: Backend) -> ProviderBatchTurns | None:
+        """pricing="batch"|"auto": the backend's batch API, found now (refused without one)."""
+        pricing = self.opts.pricing
+        if pricing == "sync":
+            return None
+        drivers = endpoints(backend)  # the driver under the retry layer; not a pool (yet)
+        client = await batch_client(drivers[0]) if len(drivers) == 1 else None
+        if client is None:
+            raise BatchSpecError(
+                f"pricing={pricing!r}: backend {', '.join(self.compiled.plan.backends)} has no "
+                "provider batch API (OpenAI's /v1/batches or Anthropic's /v1/messages/batches "
+                "did not answer at warm-up, or it is a pool of several URLs); use "
+                "pricing='sync'")
+        return ProviderBatchTurns(client, backend, mode=pricing, deadline=self._deadline,
+                                  total=self.total)
 
     async def _run(self, rt: BatchRuntime) -> None:
         assert self.engine is not None
@@ -86,6 +127,8 @@ class EmbeddedHandle(BatchHandle):
             await self.engine.run()
         finally:
             try:
+                if self.engine.provider is not None:  # open provider batches cancelled
+                    await self.engine.provider.aclose()
                 await rt.backend.aclose()
             finally:
                 await close_checkpoint(self._checkpoint)  # never raises
@@ -175,6 +218,9 @@ class EmbeddedHandle(BatchHandle):
             "peak_inflight": self.engine.slots.peak,
             "tools": self.engine.rt.tools.stats(),
             "pool": pool_stats(backend),  # None for one URL
+            # pricing="batch"|"auto": turns served by each API, hedges, provider batches
+            "provider_batch": (dict(self.engine.provider.stats)
+                               if self.engine.provider is not None else {}),
         }
 
     def cancel(self) -> None:

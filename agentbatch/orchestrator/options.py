@@ -12,6 +12,7 @@ import os
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, fields, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -29,6 +30,7 @@ DEFAULT_MAX_TOOL_CALLS_PER_TURN = 32
 ToolCalling = Literal["native", "json", "auto"]
 ToolChoice = Literal["auto", "required"]
 Compaction = Literal["truncate", "summarize"]
+Pricing = Literal["sync", "batch", "auto"]
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -96,6 +98,27 @@ class BatchOptions:
             "the path of a YAML or JSON file holding that (env ``AGENTBATCH_PRICES``). With "
             "it every result carries ``cost_usd`` and ``progress()`` the spend so far; the "
             "batch's model must be in it, prices finite and >= 0 (orchestrator/pricing.py)."))
+    max_cost_usd: float | None = field(default=None, metadata=_doc(
+        "a cap on the batch's spend at ``prices`` (US dollars, finite, >= 0). Once reached no "
+        "new turn starts; turns already sent finish, and every agent that needed another "
+        "turn ends ``budget_exceeded``. ``progress()`` warns (``budget_warning``, and a log "
+        "line) once the projection passes it (docs/cost.md). Embedded engine only for now."))
+    max_agent_cost_usd: float | None = field(default=None, metadata=_doc(
+        "a cap on one agent's spend at ``prices`` (US dollars, finite, >= 0): an agent that "
+        "has reached it starts no new turn and ends ``budget_exceeded``. Embedded engine "
+        "only for now."))
+    pricing: Pricing = field(default="sync", metadata=_doc(
+        '``"sync"``: every turn through the normal API. ``"batch"``: every turn through the '
+        "provider's batch API (half price, minutes of latency; the backend must have one, "
+        'found at warm-up). ``"auto"``: the batch API while each agent\'s projected finish '
+        "stays inside ``deadline``, the sync API for the turns that would miss it; turns "
+        "waiting past the observed p90 batch latency are hedged to the sync API "
+        "(docs/cost.md). Embedded engine only for now."))
+    deadline: datetime | float | None = field(default=None, metadata=_doc(
+        "when the batch must finish: an aware datetime, or seconds from submit (finite, "
+        '> 0). Required by ``pricing="auto"``; with ``"batch"`` it bounds the wait on a '
+        "provider batch (a failed or expired one falls back to the sync API only while the "
+        'deadline allows). Not taken with ``pricing="sync"``.'))
     on_result: Callable[[AgentResult], object] | None = field(default=None, metadata=_doc(
         "called with each result as it arrives; exceptions are logged, never raised."))
     progress: bool | None = field(default=None, metadata=_doc(

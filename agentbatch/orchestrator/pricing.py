@@ -117,9 +117,22 @@ def cost_usd(usage: Usage, prices: Mapping[str, float], *, batch: bool = False) 
     return total / PER_TOKENS
 
 
+def split_cost(usage: Usage, batch_usage: Usage, prices: Mapping[str, float]) -> float:
+    """``usage`` of which ``batch_usage`` went through a provider batch API: that part at
+    the ``batch_`` prices, the rest at the sync ones."""
+    if batch_usage == Usage():
+        return cost_usd(usage, prices)
+    sync = Usage(prompt_tokens=max(usage.prompt_tokens - batch_usage.prompt_tokens, 0),
+                 cached_tokens=max(usage.cached_tokens - batch_usage.cached_tokens, 0),
+                 completion_tokens=max(usage.completion_tokens - batch_usage.completion_tokens,
+                                       0))
+    return cost_usd(sync, prices) + cost_usd(batch_usage, prices, batch=True)
+
+
 def plan_cost(usage: Usage, table: Mapping[str, Mapping[str, float]] | None,
-              model: str) -> float | None:
-    """``usage`` at the plan's sync prices for ``model``; None when the batch has no prices."""
+              model: str, batch_usage: Usage | None = None) -> float | None:
+    """``usage`` at the plan's prices for ``model`` (``batch_usage``, the part served by a
+    provider batch, at the batch prices); None when the batch has no prices."""
     if not table or model not in table:
         return None
-    return cost_usd(usage, table[model])
+    return split_cost(usage, batch_usage or Usage(), table[model])

@@ -78,6 +78,11 @@ class BatchProgress:
     # US dollars spent so far at the batch's ``prices``, counted as ``tokens`` is; None
     # without prices (distributed: from results until spend is kept in Redis with the commit)
     cost_usd: float | None = None
+    # embedded: the spend at the end, projected from the cost per reply so far times the
+    # turns left (``budget.py`` says how they are estimated); None without prices
+    projected_cost_usd: float | None = None
+    # embedded: set (once) when the projection passes ``max_cost_usd``, saying by how much
+    budget_warning: str | None = None
     throughput: float | None = None  # agents finished per second, over RATE_WINDOW_S
     eta_s: float | None = None  # seconds left at that throughput; None before any finished
     slowest: tuple[SlowAgent, ...] = ()
@@ -149,7 +154,10 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
     done = awaiting = 0
     kinds: dict[str, int] = {}
     prompt = cached = completion = 0
+    batch_usage = Usage()
     for s in states:
+        if s.batch_turns:
+            batch_usage = batch_usage + s.batch_usage
         prompt += s.usage.prompt_tokens
         cached += s.usage.cached_tokens
         completion += s.usage.completion_tokens
@@ -172,6 +180,8 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
         tokens=TokenCounts(prompt, cached, completion), throughput=throughput,
         cost_usd=plan_cost(Usage(prompt_tokens=prompt, cached_tokens=cached,
                                  completion_tokens=completion),
-                           engine.rt.plan.prices, engine.rt.plan.model),
+                           engine.rt.plan.prices, engine.rt.plan.model, batch_usage),
+        projected_cost_usd=None if engine.budget is None else engine.budget.projected_usd,
+        budget_warning=None if engine.budget is None else engine.budget.warning,
         eta_s=eta(total - done - failed, throughput),
         slowest=slowest({**in_tools, **in_model}, now))

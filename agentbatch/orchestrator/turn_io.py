@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from ..backends.sse import tool_call_listener
 from ..errors import BackendError
 from ..metrics import model_call, record_reply
-from ..model_io import ToolCall, ToolOutcome, Usage
+from ..model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome, Usage
 from ..toolpool import ToolContext
 from .agent_state import AgentState
 from .context_fit import fit_request
@@ -32,7 +33,11 @@ log = logging.getLogger(__name__)
 
 
 async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
-                     early: EarlyTools | None = None) -> Event:
+                     early: EarlyTools | None = None,
+                     complete: Callable[[ModelRequest], Awaitable[ModelResponse]] | None = None,
+                     ) -> Event:
+    """One model turn; ``complete`` sends the request in place of the backend's own (the
+    provider batch path), the request built and the reply read the same way."""
     fitted = await fit_request(rt, state, build_request(rt.plan, state, action))
     if isinstance(fitted, Abandoned):  # the prompt cannot fit the context: never sent
         return fitted
@@ -46,7 +51,7 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     request.max_attempts = max(rt.policy.max_retries - state.retries, 0) + 1
     try:
         with tool_call_listener(early), model_call(rt.backend.name):
-            response = await rt.backend.complete(request)
+            response = await (complete or rt.backend.complete)(request)
     except BackendError as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable,
                            attempts=exc.attempts)

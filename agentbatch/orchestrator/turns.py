@@ -71,6 +71,7 @@ class TurnPolicy:
 class ModelReplied:
     response: ModelResponse
     attempts: int = 1  # HTTP attempts behind this reply; retries count against max_retries
+    batch: bool = False  # served by a provider's batch API (its usage priced at batch_ rates)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,10 @@ def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
             return _model_failed(policy, state, event)
         if event.attempts > 1:  # transport retries spent part of the agent's budget
             state = state.model_copy(update={"retries": state.retries + event.attempts - 1})
+        if event.batch:
+            state = state.model_copy(update={
+                "batch_usage": state.batch_usage + event.response.usage,
+                "batch_turns": state.batch_turns + 1})
         return _model_replied(policy, state, event.response)
     if state.status is not AgentStatus.AWAITING_TOOLS:
         raise InvalidTransition(f"agent {state.index} is not waiting on tools")

@@ -12,8 +12,10 @@ import inspect
 import math
 import os
 import re
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,7 +27,7 @@ from ..state.connection import check_url
 from ..toolpool import Tool
 from .compaction import check_compaction
 from .json_tool_calling import check_mode as check_tool_calling
-from .options import BatchOptions
+from .options import BatchOptions, Pricing
 from .pricing import load_prices
 from .tool_choice import check_value as check_tool_choice
 
@@ -208,6 +210,76 @@ def check_options(opts: BatchOptions) -> None:
         raise BatchSpecError(f"on_result must be a callable or None, got {show(opts.on_result)}")
     _check_checkpoint(opts)
     check_metrics_port(opts.metrics_port, opts.redis_url)
+    _check_cost(opts)
+
+
+PRICINGS = typing.get_args(Pricing)
+EMBEDDED_ONLY = ("max_cost_usd", "max_agent_cost_usd", "pricing", "deadline")
+
+
+def deadline_in(deadline: Any) -> float | None:
+    """Seconds from now to ``deadline`` (an aware datetime, or seconds from submit)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, datetime):
+        return (deadline - datetime.now(timezone.utc)).total_seconds()
+    return float(deadline)
+
+
+def _check_cost(opts: BatchOptions) -> None:
+    """Caps, pricing and deadline (docs/cost.md): refused before anything is sent."""
+    for name in ("max_cost_usd", "max_agent_cost_usd"):
+        value = getattr(opts, name)
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value < 0):
+            raise BatchSpecError(f"{name} must be a finite number >= 0 (US dollars) or None, "
+                                 f"got {show(value)}")
+        if opts.prices is None:
+            raise BatchSpecError(f"{name} needs prices= (or AGENTBATCH_PRICES): without a "
+                                 "price table no spend is known")
+    if opts.pricing not in PRICINGS:
+        raise BatchSpecError(f"pricing must be one of {', '.join(map(repr, PRICINGS))}, "
+                             f"got {show(opts.pricing)}")
+    _check_deadline(opts)
+    if opts.pricing != "sync" and opts.prices is not None:
+        entry = load_prices(opts.prices, opts.model)
+        missing = [k for k in ("batch_prompt", "batch_completion")
+                   if entry and k not in entry[str(opts.model)]]
+        if missing:
+            raise BatchSpecError(f"pricing={opts.pricing!r} prices turns at the batch rates: "
+                                 f"prices[{opts.model!r}] needs {' and '.join(missing)}")
+    if opts.redis_url:
+        given = [name for name in EMBEDDED_ONLY if getattr(opts, name) not in (None, "sync")]
+        if given:
+            raise BatchSpecError(
+                f"{', '.join(given)}: embedded-only for now; the distributed engine "
+                "(redis_url=...) does not take it yet (its commit does not keep spend "
+                "fleet-wide), so it is refused rather than ignored (docs/cost.md)")
+
+
+def _check_deadline(opts: BatchOptions) -> None:
+    value = opts.deadline
+    if value is None:
+        if opts.pricing == "auto":
+            raise BatchSpecError('pricing="auto" needs deadline= (an aware datetime, or '
+                                 "seconds from submit): it trades cost against it")
+        return
+    if opts.pricing == "sync":
+        raise BatchSpecError('deadline is for pricing="batch" or "auto"; with pricing="sync" '
+                             "it would change nothing")
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise BatchSpecError(f"deadline must be timezone-aware, got {value.isoformat()} "
+                                 "(e.g. datetime.now(timezone.utc) + timedelta(hours=6))")
+    elif isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value):
+        raise BatchSpecError(f"deadline must be an aware datetime or finite seconds from "
+                             f"submit, got {show(value)}")
+    left = deadline_in(value)
+    if left is not None and left <= 0:
+        raise BatchSpecError(f"deadline is in the past ({left:+.1f} s from now)")
 
 
 def _check_checkpoint(opts: BatchOptions) -> None:

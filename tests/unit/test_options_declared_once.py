@@ -17,9 +17,10 @@ from agentbatch import arun_batch, asubmit_batch, run_batch, submit_batch, tool
 from agentbatch.errors import BatchSpecError, UnknownParameter
 from agentbatch.orchestrator.compile import compile_batch
 from agentbatch.orchestrator.json_tool_calling import MODES
-from agentbatch.orchestrator.options import BatchOptions, ToolCalling, ToolChoice
+from agentbatch.orchestrator.options import BatchOptions, Pricing, ToolCalling, ToolChoice
 from agentbatch.orchestrator.plan import BatchPlan, carried_options
 from agentbatch.orchestrator.tool_choice import CHOICES
+from agentbatch.orchestrator.validate import EMBEDDED_ONLY, PRICINGS
 from agentbatch.toolpool import Tool
 
 PUBLIC = (run_batch, arun_batch, submit_batch, asubmit_batch)
@@ -85,6 +86,18 @@ def test_a_plan_written_without_an_option_reads_as_its_default():
 def test_literals_and_their_checkers_agree():
     assert typing.get_args(ToolCalling) == MODES
     assert typing.get_args(ToolChoice) == CHOICES
+    assert typing.get_args(Pricing) == PRICINGS == ("sync", "batch", "auto")
+    with pytest.raises(BatchSpecError, match="pricing must be one of"):
+        run_batch("t {x}", [{"x": 1}], model="m", backend=SIM, pricing="cheap")
+
+
+def test_embedded_only_cost_options_are_declared_and_not_carried_by_the_plan():
+    # the distributed engine refuses them at submit (validate.EMBEDDED_ONLY), so a worker
+    # never needs them: they stay out of the plan
+    declared = _declared()
+    assert set(EMBEDDED_ONLY) == {"max_cost_usd", "max_agent_cost_usd", "pricing", "deadline"}
+    assert set(EMBEDDED_ONLY) <= set(declared)
+    assert not set(EMBEDDED_ONLY) & set(carried_options())
     with pytest.raises(BatchSpecError, match="tool_calling must be one of"):
         run_batch("t {x}", [{"x": 1}], model="m", backend=SIM, tool_calling="jsn")
 

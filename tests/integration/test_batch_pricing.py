@@ -1,0 +1,185 @@
+"""pricing="batch" | "auto" with deadline= on the embedded engine, over real HTTP to the
+simulator's provider batch API: which API served each turn (the sim's chat requests vs the
+items of its provider batches, and each agent's ``batch_turns``), what it cost, and that a
+deadline the batch latency would miss moves turns to the sync API. Bad input is refused
+before anything is sent; the distributed engine refuses these options (embedded-only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from aiohttp import web
+
+from agentbatch import BatchSpecError, submit_batch
+from agentbatch.orchestrator.pricing import cost_usd
+from agentbatch.sim import SimServer
+from agentbatch.sim.batch_api import BATCH_API
+from agentbatch.sim.config import SimConfig
+from tests.support.http_server import ThreadedServer
+from tests.support.tools import Answer, lookup
+
+MODEL = "sim-model"
+PRICES = {MODEL: {"prompt": 3.0, "cached_prompt": 0.3, "completion": 15.0,
+                  "batch_prompt": 1.5, "batch_cached_prompt": 0.15, "batch_completion": 7.5}}
+TASK = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'  # two turns: a tool call, the answer
+N = 6
+WAIT_S = 180.0  # generous: the machine is shared
+
+
+def _sim(**batch: float) -> Iterator[SimServer]:
+    with SimServer(SimConfig(fixed_ms=5, **batch)) as server:
+        yield server
+
+
+def _url(sim: SimServer) -> str:
+    return "sim://" + sim.url.split("://", 1)[1]
+
+
+def _chat_requests(sim: SimServer) -> int:
+    return sim.state.stats.as_dict()["requests_total"]
+
+
+def _batch_items(sim: SimServer) -> int:
+    api = sim._runner.app[BATCH_API]  # type: ignore[union-attr]
+    return sum(len(job.items) for job in api.jobs.values())
+
+
+def _run(sim: SimServer, **opts):
+    handle = submit_batch(TASK, [{"i": i} for i in range(N)], model=MODEL, backend=_url(sim),
+                          tools=[lookup], output_schema=Answer, prices=PRICES,
+                          warm_prefix=False, max_turns=3, **opts)
+    results = handle.wait(timeout=WAIT_S)
+    handle.join(timeout=WAIT_S)  # its provider batches closed too
+    assert len(results) == N
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    return handle, results
+
+
+@pytest.fixture
+def fast_batches() -> Iterator[SimServer]:
+    yield from _sim(batch_latency_s=0.3, batch_latency_spread=0.0)
+
+
+@pytest.fixture
+def slow_batches() -> Iterator[SimServer]:
+    yield from _sim(batch_latency_s=600.0, batch_latency_spread=0.0)
+
+
+@pytest.fixture
+def expiring_batches() -> Iterator[SimServer]:
+    yield from _sim(batch_latency_s=600.0, batch_latency_spread=0.0, batch_expire_s=1.0)
+
+
+def test_pricing_batch_sends_every_turn_through_the_batch_api_at_batch_rates(
+        fast_batches) -> None:
+    handle, results = _run(fast_batches, pricing="batch")
+    stats = handle.stats()["provider_batch"]
+    assert _batch_items(fast_batches) == 2 * N  # every turn went out in a provider batch
+    # a turn hedged past the p90 of the batches seen went to the sync API too: none here
+    # is expected, and any that won is counted and priced at the sync rates
+    assert _chat_requests(fast_batches) == stats.get("hedged", 0)
+    assert stats["served_batch"] == 2 * N - stats.get("hedge_won_by_sync", 0)
+    assert sum(r.turns for r in results) == 2 * N
+    if not stats.get("hedge_won_by_sync"):
+        for r in results:
+            assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL], batch=True))
+            assert r.cost_usd < cost_usd(r.usage, PRICES[MODEL])
+    assert handle.progress().cost_usd == pytest.approx(sum(r.cost_usd for r in results))
+
+
+def test_auto_with_a_generous_deadline_uses_the_batch_api(fast_batches) -> None:
+    handle, results = _run(fast_batches, pricing="auto", deadline=600)
+    stats = handle.stats()["provider_batch"]
+    assert stats["served_batch"] >= N  # at least the first turn of each agent
+    assert sum(r.cost_usd for r in results) < sum(cost_usd(r.usage, PRICES[MODEL])
+                                                  for r in results)
+    assert _chat_requests(fast_batches) == stats.get("served_sync", 0) + \
+        stats.get("hedged", 0) - stats.get("hedge_won_by_sync", 0)
+
+
+def test_auto_moves_turns_the_batch_latency_would_make_miss_the_deadline_to_sync(
+        slow_batches) -> None:
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=20)
+    handle, results = _run(slow_batches, pricing="auto", deadline=deadline)
+    stats = handle.stats()["provider_batch"]
+    # no provider batch can answer inside the deadline (600 s each): every turn was served
+    # by the sync API, each agent finished ok, none paid a batch price
+    assert all(r.latency_s is not None for r in results)
+    assert stats.get("served_batch", 0) == 0 and stats["served_sync"] == 2 * N
+    assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
+    assert _chat_requests(slow_batches) == 2 * N
+    # the provider batches it opened were cancelled once their turns had a sync answer
+    api = slow_batches._runner.app[BATCH_API]  # type: ignore[union-attr]
+    assert all(job.cancelled is not None for job in api.jobs.values())
+    assert stats.get("provider_batches", 0) == stats.get("provider_batches_cancelled", 0)
+    assert datetime.now(timezone.utc) <= deadline + timedelta(seconds=5)  # finished: wait()
+
+
+def test_an_expired_provider_batch_falls_back_to_the_sync_api(expiring_batches) -> None:
+    handle, results = _run(expiring_batches, pricing="batch")
+    stats = handle.stats()["provider_batch"]
+    assert _batch_items(expiring_batches) == 2 * N  # each turn was tried in a batch first
+    assert stats["fallback_sync"] == 2 * N and stats.get("served_batch", 0) == 0
+    assert _chat_requests(expiring_batches) == 2 * N
+    assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
+
+
+def test_a_failed_provider_batch_falls_back_to_the_sync_api() -> None:
+    for sim in _sim(batch_latency_s=0.2, batch_latency_spread=0.0, batch_failure_rate=1.0):
+        handle, _ = _run(sim, pricing="batch")
+        stats = handle.stats()["provider_batch"]
+        assert stats["fallback_sync"] == 2 * N and _chat_requests(sim) == 2 * N
+
+
+def _chat_only(app: web.Application) -> None:
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"message": {"content": "hi"}}]})
+    app.router.add_post("/v1/chat/completions", chat)
+
+
+def test_pricing_batch_on_a_backend_without_a_batch_api_is_refused_before_any_turn() -> None:
+    with ThreadedServer(_chat_only) as server, pytest.raises(BatchSpecError) as err:
+        submit_batch("hi {i}", [{"i": 0}], model=MODEL, warm_prefix=False,
+                     backend=f"sim://127.0.0.1:{server.port}", pricing="batch")
+    assert "pricing='batch'" in str(err.value) and "no provider batch API" in str(err.value)
+
+
+@pytest.mark.parametrize("opts,needle", [
+    ({"pricing": "batch", "deadline": -5}, "deadline is in the past"),
+    ({"pricing": "auto", "deadline": datetime.now(timezone.utc) - timedelta(minutes=1)},
+     "deadline is in the past"),
+    ({"pricing": "auto", "deadline": datetime.now() + timedelta(hours=1)},
+     "deadline must be timezone-aware"),
+    ({"pricing": "auto", "deadline": float("inf")}, "deadline must be an aware datetime"),
+    ({"pricing": "auto"}, 'pricing="auto" needs deadline='),
+    ({"deadline": 60}, 'deadline is for pricing="batch" or "auto"'),
+    ({"pricing": "cheap"}, "pricing must be one of 'sync', 'batch', 'auto'"),
+    ({"pricing": "batch", "prices": {MODEL: {"prompt": 1.0, "completion": 1.0}}},
+     "needs batch_prompt and batch_completion"),
+])
+def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, opts,
+                                                                 needle) -> None:
+    with pytest.raises(BatchSpecError) as err:
+        submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
+                     **{"prices": PRICES, **opts})
+    assert needle in str(err.value)
+    assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("opts", [
+    {"pricing": "batch"}, {"pricing": "auto", "deadline": 600}, {"max_cost_usd": 1.0},
+    {"max_agent_cost_usd": 0.5}])
+def test_the_distributed_engine_refuses_them_as_embedded_only(redis_url, fast_batches,
+                                                              opts) -> None:
+    with pytest.raises(BatchSpecError) as err:
+        submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
+                     prices=PRICES, redis_url=redis_url, **opts)
+    message = str(err.value)
+    assert "embedded-only for now" in message
+    assert all(name in message for name in opts if name != "deadline" or "pricing" not in opts)
+    assert redis.from_url(redis_url).dbsize() == 0
+    assert _chat_requests(fast_batches) == 0
