@@ -54,6 +54,7 @@ class LoadedBatch:
     runtime: BatchRuntime | None
     error: str | None = None
     error_kind: ErrorKind = "tool_import"
+    plan_unreadable: bool = False  # a sweep stand-in (``WorkerContext.unreadable_batch``)
 
 
 class WorkerContext:
@@ -112,6 +113,36 @@ class WorkerContext:
                       "or it was damaged); its tasks are left to a worker that can: %s",
                       batch_id, exc)
         await self.note(batch_id, "plan_unreadable")
+
+    async def unreadable_batch(self, batch_id: str) -> LoadedBatch | None:
+        """For the sweep only: a stand-in for a batch whose plan exists but this worker cannot
+        read (None when the plan reads, or is missing). It runs nothing (``runtime`` None,
+        ``plan_unreadable`` set) and is never cached; the sweep re-sends the agents' dropped
+        tasks through it, for a worker that can read the plan, and ends them with kind
+        ``config`` once the re-send cap is used up (``sweep._resend``). Its plan holds only
+        the batch id and ``created_at`` (meta's): the total a commit checks is meta's."""
+        store = self.store(batch_id)
+        try:
+            if await store.load_plan() is not None:
+                return None
+        except ValidationError as exc:
+            detail = str(exc).splitlines()[0][:200]
+        else:
+            return None
+        created = await self.redis.hget(store.k.meta, "created_at")
+        try:
+            created_at = float(created or 0) or time.time()
+        except ValueError:
+            created_at = time.time()
+        plan = BatchPlan(batch_id=batch_id, total=0, model="", backends=[], system_message="",
+                         created_at=created_at)
+        from .. import __version__
+
+        error = (f"the batch's plan cannot be read by this worker version (agentbatch "
+                 f"{__version__}): it was written by another version or damaged ({detail})")
+        policy = TurnPolicy(max_turns=1, max_retries=0, parse_output=OutputContract(None).parse)
+        return LoadedBatch(plan=plan, store=store, policy=policy, runtime=None, error=error,
+                           error_kind="config", plan_unreadable=True)
 
     def _remember(self, batch_id: str, loaded: LoadedBatch) -> None:
         self._batches[batch_id] = loaded

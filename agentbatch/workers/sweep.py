@@ -16,7 +16,11 @@ what Redis shows:
 - it was never started and its queue is empty: the message is gone (a worker that had
   prefetched it died), so it is re-sent;
 - its state entry cannot be read (written by another version, or damaged): it can never
-  run, so it is ended with an ``internal`` error (``steps.end_damaged``).
+  run, so it is ended with an ``internal`` error (``steps.end_damaged``);
+- its batch's plan cannot be read by this worker (``WorkerContext.unreadable_batch``):
+  workers like this one drop its tasks unclaimed, so they look lost and are re-sent, for a
+  worker that can read it, until the ``max_resends`` cap ends the agent with kind ``config``
+  (with the defaults, about 127 leases after its last progress).
 
 A re-send is one script (``resend.lua``) that checks the version and lease, pushes the
 message, moves the deadline and counts it, so nothing is counted that was not sent. An agent
@@ -153,7 +157,9 @@ async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
 
 async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
                        waiting: dict[str, int]) -> int:
-    loaded = await ctx.batch(batch_id)
+    # a plan this worker cannot read: its dropped tasks are re-sent (for a worker that can)
+    # until the re-send cap ends the agents with kind ``config`` (``_resend``)
+    loaded = await ctx.batch(batch_id) or await ctx.unreadable_batch(batch_id)
     if loaded is None:
         keys = BatchKeys(batch_id)
         members = [keys.member(i) for i in indices]
@@ -226,13 +232,26 @@ async def _resend(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
                            max_resends=ctx.settings.max_resends, audit=ctx.settings.audit,
                            seen_score=seen_score)
     if n == -2:
-        reason = (f"the agent's turn was re-sent {ctx.settings.max_resends} times without "
-                  "progress (a worker died or failed on it each time); giving up on it")
-        log.error("agent %s of batch %s: %s", state.index, loaded.plan.batch_id, reason)
-        await commit(ctx, loaded, state, step(loaded.policy, state, Abandoned("internal",
-                                                                               reason)))
+        await commit(ctx, loaded, state, step(loaded.policy, state, _given_up(ctx, loaded,
+                                                                              state)))
         return 0
     if n > 0:
         ctx.stats["recovered"] += 1
         return len(followups)
     return 0
+
+
+def _given_up(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState) -> Abandoned:
+    """How an agent re-sent ``max_resends`` times without progress ends: ``config`` when no
+    worker that looked could read its batch's plan (each dropped its task unclaimed), else
+    ``internal`` (a worker died or failed on it each time)."""
+    times = ctx.settings.max_resends
+    if loaded.plan_unreadable:
+        event = Abandoned("config", f"{loaded.error}; its task was re-sent {times} times and "
+                                    "no worker that could read the plan took it")
+    else:
+        event = Abandoned("internal", f"the agent's turn was re-sent {times} times without "
+                                      "progress (a worker died or failed on it each time); "
+                                      "giving up on it")
+    log.error("agent %s of batch %s: %s", state.index, loaded.plan.batch_id, event.message)
+    return event
