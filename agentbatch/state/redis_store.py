@@ -104,6 +104,7 @@ class ToolStart:
     cancelled: bool = False
     fencing_token: int = 0  # > 0: we took the call's lock (an unshared tool) with this token
     busy_ms: int = 0  # > 0: another delivery holds the call's lock for this much longer
+    damage: str = ""  # the stored entry does not parse: why (state: a placeholder to end it)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,8 @@ class BatchStore:
         that is to run is marked started with its deadline ``ttl_ms`` ahead; with a
         ``lock_token`` (an unshared tool) it also takes the call's lock for ``lock_ttl_ms``
         and a fencing token. ``fan_in=False`` (a round of one call) skips looking for a
-        recorded outcome: such a round records none."""
+        recorded outcome: such a round records none. An entry that does not parse is
+        reported (``damage``, with a placeholder state to end the agent from), not raised."""
         k = self.k
         await sync_clock(self.r)
         entry, have, cancelled, fence, busy = await self.s.tool_start(
@@ -313,9 +315,14 @@ class BatchStore:
                   k.call_lock(index, version, call_id), k.fence, k.started],
             args=[index, version, call_id, now_ms() + ttl_ms, k.member(index),
                   "1" if fan_in else "0", lock_token, lock_ttl_ms])
-        return ToolStart(state=entry_state(entry) if entry else None, recorded=bool(int(have)),
-                         cancelled=cancelled == "1", fencing_token=int(fence),
-                         busy_ms=int(busy))
+        state, damage = None, ""
+        if entry:
+            try:
+                state = entry_state(entry)
+            except Exception as exc:  # any parse failure: the agent cannot run (damaged.py)
+                state, damage = placeholder_state(index, entry), damage_reason(exc)
+        return ToolStart(state=state, recorded=bool(int(have)), cancelled=cancelled == "1",
+                         fencing_token=int(fence), busy_ms=int(busy), damage=damage)
 
     async def record_tool(self, index: int, version: int, outcome: ToolOutcome,
                           expected: int, lock: str = "") -> dict[str, ToolOutcome] | int:

@@ -143,10 +143,11 @@ async def tool_lease(ctx: WorkerContext, store: BatchStore, index: int, version:
 
 
 async def end_damaged(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState, reason: str,
-                      token: str = "", slot_key: str = "") -> None:
+                      token: str = "", slot_key: str = "", consumed: Sequence[str] = ()) -> None:
     """End an agent whose stored state cannot be read (``state``: its placeholder) with kind
     ``internal``: it would fail the same way on every worker, for ever, and hold its batch
-    open. The claim that found it (``token``, ``slot_key``) or the sweep commits the end."""
+    open. The claim that found it (``token``, ``slot_key``), the tool task that found it
+    (``consumed``: the call's lock it took) or the sweep commits the end."""
     log.error("agent %s of batch %s: %s", state.index, loaded.plan.batch_id, reason)
     await ctx.note(loaded.plan.batch_id, "damaged_state")
     if state.terminal:  # it ended already (its result was delivered): only let it go
@@ -155,7 +156,7 @@ async def end_damaged(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
         await loaded.store.unwatch(state.index)
         return
     await commit(ctx, loaded, state, step(loaded.policy, state, Abandoned("internal", reason)),
-                 token, slot_key, logged=True)
+                 token, slot_key, consumed=consumed, logged=True)
 
 
 async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
@@ -297,6 +298,10 @@ async def run_tool(ctx: WorkerContext, batch_id: str, index: int, version: int,
                                    fan_in=calls != 1, lock_token=lock_token,
                                    lock_ttl_ms=lock_ttl_ms)
     state, recorded, cancelled = start.state, start.recorded, start.cancelled
+    if start.damage and state is not None:  # as a claim does: end it, never raise
+        lock = store.k.call_lock(index, version, call_id) if start.fencing_token else ""
+        await end_damaged(ctx, loaded, state, start.damage, consumed=[lock] if lock else [])
+        return []
     if state is None or state.status is not AgentStatus.AWAITING_TOOLS:
         await ctx.note(batch_id, "dropped_stale")
         return []

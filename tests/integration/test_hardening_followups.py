@@ -15,7 +15,7 @@ import redis
 
 from agentbatch import submit_batch
 from agentbatch.state.keys import BatchKeys
-from tests.support.tools import Answer
+from tests.support.tools import Answer, lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -59,3 +59,34 @@ def test_a_plan_no_worker_can_read_ends_its_agents_as_config(redis_url, sim_url,
     assert all("cannot be read by this worker version" in x.error.message
                for x in results if x.error), results[0].error
     assert r.hget(k.meta, "finished") == "1"
+
+
+def test_a_tool_task_that_meets_a_damaged_state_ends_the_agent_as_internal(
+        redis_url, sim_url, start_workers):
+    # The agent's first turn asks for a tool; with no tool worker yet, its tool task waits.
+    # Its state entry is then damaged (another version's field type), and a tool worker with
+    # the sweep switched off starts: the tool task itself must end the agent `internal`, as a
+    # claim does, not raise (which left it to the sweep, or, with none, stuck).
+    no_sweep = {"AGENTBATCH_SWEEP_INTERVAL_S": "3600"}
+    start_workers(1, queues="inference", concurrency=2, env=no_sweep)
+    handle = submit_batch('Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}', [{"i": 0}],
+                          backend=sim_url, redis_url=redis_url, model="sim-model",
+                          output_schema=Answer, tools=[lookup])
+    r = redis.from_url(redis_url, decode_responses=True)
+    k = BatchKeys(handle.batch_id)
+    _wait_until(lambda: r.hget(k.meta, "n:awaiting_tools") == "1", 90,
+                "the agent to wait on its tool")
+    version, _, raw = r.hget(k.state, "0").partition(":")
+    entry = json.loads(raw)
+    assert entry["status"] == "awaiting_tools", entry
+    entry["steps"] = "many"  # no longer an int: the entry cannot be read
+    r.hset(k.state, "0", f"{version}:{json.dumps(entry)}")
+    [tools] = start_workers(1, queues="tools", concurrency=2, env=no_sweep)
+
+    [result] = list(handle.results(timeout=90))
+    assert result.error is not None and result.error.kind == "internal", result.error
+    assert "stored state cannot be read" in result.error.message, result.error.message
+    assert r.hget(k.meta, "finished") == "1"
+    assert r.hget(k.meta, "n:awaiting_tools") == "0"  # the placeholder kept its status
+    assert "Traceback" not in tools.log(), tools.log()[-3000:]
+    assert r.get("test:exec:lookup:k0") is None  # the tool never ran for it
