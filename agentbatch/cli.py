@@ -334,6 +334,7 @@ app.add_typer(__import__("agentbatch.cli_engine").cli_engine.app, name="engine")
 app.command("flower")(__import__("agentbatch.cli_flower").cli_flower.flower)
 __import__("agentbatch.cli_batches").cli_batches.register(app)  # ls, rm
 app.command("watch")(__import__("agentbatch.cli_watch").cli_watch.watch)
+__import__("agentbatch.cli_show").cli_show.register(app)  # show, export
 
 
 def main() -> None:

@@ -72,6 +72,10 @@ class AgentResult(BaseModel):
     # Seconds from sending the agent's first streamed model turn to its first token; None
     # when no turn streamed (streaming is a backend option: ``?stream=1``, llamacpp:// default).
     ttft_s: float | None = None
+    # The agent's whole conversation after the shared system prompt (OpenAI chat format:
+    # user, assistant with ``tool_calls``, ``tool`` outputs), when kept: ``keep_transcript``,
+    # or the agent failed. None when not kept (docs/transcripts.md).
+    messages: list[dict[str, Any]] | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready form; ``output`` is dumped through its Pydantic model."""

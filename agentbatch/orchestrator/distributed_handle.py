@@ -22,6 +22,7 @@ from ..state.connection import async_client, mask_url, sync_client
 from ..state.keys import BatchKeys
 from ..state.redis_store import CANCEL_GONE, cancel_batch
 from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
+from ..state.transcripts import aread_kept, read_kept
 from .agent_state import AgentStatus
 from .distributed_progress import DistributedProgress
 from .handle import BatchHandle
@@ -50,8 +51,12 @@ class DistributedHandle(BatchHandle):
 
     # --- reading --------------------------------------------------------------------------
 
-    def _decode(self, fields: dict[str, str]) -> AgentResult:
+    def _decode(self, fields: dict[str, str],
+                kept: dict[int, list[dict[str, Any]]] | None = None) -> AgentResult:
+        """The entry's result, with its kept conversation from ``kept`` (``read_kept``)."""
         result = AgentResult.model_validate_json(fields["r"])
+        if kept and result.index in kept:
+            result = result.model_copy(update={"messages": kept[result.index]})
         if result.ok and self.contract.schema is not None and isinstance(result.output, dict):
             result = result.model_copy(update={"output": self.contract.instance(result.output)})
         return result
@@ -123,10 +128,11 @@ class DistributedHandle(BatchHandle):
                 time.sleep(0.5)
                 continue
             entries = reply[0][1] if reply else []
+            kept = read_kept(self._client, self.keys, entries)
             for entry_id, fields in entries:
                 cursor = self.cursor = entry_id
                 if self._first(seen, fields):
-                    yield self._decode(fields)
+                    yield self._decode(fields, kept)
             if entries:
                 next_memory_check = time.monotonic() + _OOM_CHECK_S
                 continue
@@ -151,10 +157,11 @@ class DistributedHandle(BatchHandle):
                 reply = await client.xread({self.keys.results: cursor}, count=_READ_COUNT,
                                            block=_BLOCK_MS)
                 entries = reply[0][1] if reply else []
+                kept = await aread_kept(client, self.keys, entries)
                 for entry_id, fields in entries:
                     cursor = self.cursor = entry_id
                     if self._first(seen, fields):
-                        yield self._decode(fields)
+                        yield self._decode(fields, kept)
                 if entries:
                     next_memory_check = time.monotonic() + _OOM_CHECK_S
                     continue
@@ -169,6 +176,19 @@ class DistributedHandle(BatchHandle):
                     await asyncio.to_thread(self._check_memory)
         finally:
             await client.aclose()
+
+    def delivered(self) -> list[AgentResult]:
+        """The results delivered so far, in input order, without waiting for the rest (what
+        ``agentbatch export`` writes). Raises ``BatchExpired`` / ``BatchLost`` when the
+        batch's keys are gone."""
+        if not self._client.exists(self.keys.plan):
+            raise self._lost("its state is no longer in Redis")
+        seen, found, start = bytearray(self.total), [], "-"
+        while chunk := self._client.xrange(self.keys.results, min=start, count=_READ_COUNT):
+            kept = read_kept(self._client, self.keys, chunk)
+            found += [self._decode(f, kept) for _, f in chunk if self._first(seen, f)]
+            start = "(" + chunk[-1][0]
+        return sorted(found, key=lambda r: r.index)
 
     # --- control --------------------------------------------------------------------------
 

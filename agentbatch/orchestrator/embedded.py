@@ -21,7 +21,7 @@ from ..results import AgentResult
 from .agent_state import AgentState, AgentStatus
 from .backpressure import BackpressureGate, turn_deadline
 from .budget import Budget
-from .finish import materialize, result_from_state
+from .finish import keeps_transcript, materialize, result_from_state
 from .priority_slots import PrioritySlots
 from .runtime import BatchRuntime
 from .turn_io import EarlyTools, call_model, run_tools
@@ -166,7 +166,9 @@ class EmbeddedEngine:
             latency = time.monotonic() - self._started
             record_agent_end(state)
             await self._save_end(state, latency)
-        self.sink(materialize(result_from_state(state, latency, self.rt.plan), self.rt.contract))
+        result = result_from_state(state, latency, self.rt.plan,
+                                   transcript=keeps_transcript(self.rt.plan, state))
+        self.sink(materialize(result, self.rt.contract))
 
     async def _save_end(self, state: AgentState, latency: float) -> None:
         """Checkpoint an ended agent. A cancelled one is not saved: a re-run continues it

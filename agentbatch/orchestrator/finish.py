@@ -9,10 +9,18 @@ from .plan import BatchPlan
 from .pricing import plan_cost
 
 
+def keeps_transcript(plan: BatchPlan | None, state: AgentState) -> bool:
+    """Whether an ended agent's conversation is kept: the batch asked for it, or the agent
+    failed (its conversation is what explains the failure)."""
+    return state.status is AgentStatus.FAILED or bool(plan is not None and plan.keep_transcript)
+
+
 def result_from_state(state: AgentState, latency_s: float | None = None,
-                      plan: BatchPlan | None = None) -> AgentResult:
+                      plan: BatchPlan | None = None, *,
+                      transcript: bool = False) -> AgentResult:
     """The JSON-ready result; ``output`` is still the plain validated JSON value;
-    ``cost_usd`` from the agent's usage at ``plan.prices`` (None without)."""
+    ``cost_usd`` from the agent's usage at ``plan.prices`` (None without); ``messages``
+    only with ``transcript`` (the distributed engine keeps them in Redis, not the result)."""
     ok = state.status is AgentStatus.DONE
     error = state.error
     if not ok and error is None:
@@ -31,6 +39,7 @@ def result_from_state(state: AgentState, latency_s: float | None = None,
         tool_calls=state.tool_log,
         latency_s=latency_s,
         ttft_s=state.ttft_s,
+        messages=list(state.messages) if transcript else None,
     )
 
 

@@ -65,6 +65,13 @@ class BatchHandle(abc.ABC):
         """Every result, in input order."""
         return _in_order(self.results(timeout=timeout), self.total)
 
+    def to_pandas(self, timeout: float | None = None) -> Any:
+        """Every result as a pandas ``DataFrame`` (waits like ``wait()``), one row per
+        agent indexed by its index (``frame.result_row``). Needs the ``pandas`` extra."""
+        from .frame import results_frame
+
+        return results_frame(self.wait(timeout=timeout))
+
     async def wait_async(self) -> list[AgentResult]:
         """Async form of ``wait()``."""
         return _in_order([r async for r in self.aresults()], self.total)

@@ -119,6 +119,11 @@ class BatchOptions:
         '> 0). Required by ``pricing="auto"``; with ``"batch"`` it bounds the wait on a '
         "provider batch (a failed or expired one falls back to the sync API only while the "
         'deadline allows). Not taken with ``pricing="sync"``.'))
+    keep_transcript: bool = field(default=False, metadata=_doc(
+        "put each agent's whole conversation (messages, tool calls, tool outputs) on "
+        "``AgentResult.messages``; the distributed engine keeps it in Redis for the batch's "
+        "retention (``agentbatch show``). A failed agent's is always kept. Memory: about "
+        "the size of every prompt's new part, per agent (docs/transcripts.md)."))
     on_result: Callable[[AgentResult], object] | None = field(default=None, metadata=_doc(
         "called with each result as it arrives; exceptions are logged, never raised."))
     progress: bool | None = field(default=None, metadata=_doc(

@@ -65,6 +65,7 @@ class BatchPlan(BaseModel):
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")
+    keep_transcript: bool = _default("keep_transcript")
     created_at: float = 0.0
 
     @staticmethod

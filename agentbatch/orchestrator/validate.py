@@ -77,7 +77,7 @@ _NUMBERS = {
     "timeout_per_tool": _Range(integer=False, low=0, above=True, optional=True),
     "temperature": _Range(integer=False, low=0, optional=True),
 }
-_FLAGS = ("native_json_schema", "warm_prefix", "batch_prompting")
+_FLAGS = ("native_json_schema", "warm_prefix", "batch_prompting", "keep_transcript")
 
 
 def _check_numbers(opts: BatchOptions) -> None:

@@ -256,16 +256,19 @@ class BatchStore:
         which the first ``t.listed`` (default: all) are in the list; the rest came with the
         submitted state and are listed by this first commit. A terminal agent is stored
         without its conversation (its result, written in the same step, is what readers
-        get); the commit that finishes the batch sets its retention TTL (``t.retention_s``
-        only for a batch submitted without one). With a ``t.token``, the lease and the
+        get), and its msgs list is deleted unless ``t.keep_transcript`` (then it keeps the
+        retention TTL; ``state/transcripts.py`` reads it); the commit that finishes the
+        batch sets its retention TTL (``t.retention_s`` only for a batch submitted without
+        one). With a ``t.token``, the lease and the
         inference slot it holds in ``t.slot_key`` are released, won or lost. The terminal
         commit that delivers the last of the batch's ``total`` (read from its meta in the
         script) finishes the batch; ``t.consumed`` are keys the transition uses up (the
         round's fan-in hash, its calls' locks), deleted when it wins."""
         k, old, new = self.k, t.old, t.new
         terminal = new.status.terminal
+        keep = terminal and t.keep_transcript  # its msgs list stays: append what is new
         stored = terminal_state(new) if terminal else new
-        mode, tail = ("", []) if terminal else new_messages(old, new, t.listed)
+        mode, tail = ("", []) if terminal and not keep else new_messages(old, new, t.listed)
         records = [] if terminal else new_records(old, new)
         ok = await self.s.commit(
             keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
@@ -278,7 +281,7 @@ class BatchStore:
                   retention_ms(t.retention_s), TOMBSTONE_S * 1000, mode,
                   "1" if t.slot_key else "0", len(t.consumed),
                   json_array(message_entries(tail)), json_array(records),
-                  json_array(payload for _, payload in t.enqueue)],
+                  json_array(payload for _, payload in t.enqueue), "1" if keep else "0"],
         )
         return bool(ok)
 

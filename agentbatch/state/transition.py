@@ -30,3 +30,6 @@ class Transition:
     retention_s: float = DEFAULT_RETENTION_S  # only for a batch submitted without one
     listed: int | None = None  # of ``old.messages``, how many are in the msgs list (None: all)
     consumed: Sequence[str] = ()  # keys the transition uses up (fan-in hash, call locks)
+    # a terminal ``new`` keeps its conversation (msgs list, retention TTL) for the result's
+    # ``messages`` and ``agentbatch show``: keep_transcript, or it failed (finish.py)
+    keep_transcript: bool = False

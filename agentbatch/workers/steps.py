@@ -19,7 +19,7 @@ from ..metrics import record_agent_end
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.backpressure import turn_deadline
-from ..orchestrator.finish import result_from_state
+from ..orchestrator.finish import keeps_transcript, result_from_state
 from ..orchestrator.turn_io import call_model, tool_context
 from ..orchestrator.turns import (
     Abandoned,
@@ -86,7 +86,8 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
         old, new, token=token, slot_key=slot_key, result_json=result_json,
         deadline_ms=deadline_for(ctx), audit=ctx.settings.audit,
         enqueue=envelopes(celery_app, followups), retention_s=ctx.settings.retention_s,
-        listed=listed, consumed=consumed))
+        listed=listed, consumed=consumed,
+        keep_transcript=new.terminal and keeps_transcript(loaded.plan, new)))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     elif new.terminal:

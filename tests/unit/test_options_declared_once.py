@@ -61,7 +61,7 @@ def test_every_plan_option_is_declared_with_the_same_default_and_round_trips():
               "max_server_waiting": 2, "max_tool_calls_per_turn": 5,
               "max_tool_output_chars": 99, "tool_calling": "native", "tool_choice": "required",
               "max_context_tokens": 5000, "compaction": "truncate", "compaction_threshold": 0.5,
-              "prices": {"m": {"prompt": 1.0, "completion": 2.0}}}
+              "prices": {"m": {"prompt": 1.0, "completion": 2.0}}, "keep_transcript": True}
     assert set(chosen) == set(carried)
     # json tool calling needs the schema sent: each value differs from its default in one
     # (and batch prompting tool turns needs json mode)

@@ -14,11 +14,16 @@
 --       tombstone_ms, msg_mode ('' = none new, 'a' = append, 'r' = replace),
 --       has_slot ('1' when the turn holds an inference slot), n_consumed,
 --       messages (JSON array of message JSON strings), records (JSON array of tool-call
---       record JSON strings), payloads (JSON array: one task message per queue list key)
+--       record JSON strings), payloads (JSON array: one task message per queue list key),
+--       keep_transcript (optional, '1': a terminal agent keeps its msgs list, see below)
 -- History is linear: the state hash holds the agent's scalars, the msgs list its
 -- conversation and the calls list its tool-call log, and a transition RPUSHes only what it
 -- adds to either (O(new), not O(history)).
--- A terminal agent keeps neither list: its result, appended here, is what readers get.
+-- A terminal agent keeps neither list: its result, appended here, is what readers get;
+-- unless keep_transcript (asked for, or the agent failed): then its last messages are
+-- appended as on any commit, the msgs list kept with the batch's retention TTL (from the
+-- agent's end) and its result entry marked 'm' = '1' so readers fetch it (the messages are
+-- never copied into the result). The calls list goes either way: the result holds the log.
 -- ``resends`` is not touched: resend.lua counts per version, so a new version starts at 0.
 -- ``started`` is not touched either: it names the version started, and this one is new.
 -- Status counts: only ``n:awaiting_tools`` moves on the transitions within a run (needs_model
@@ -36,6 +41,7 @@ local terminal, result_json, deadline_ms, batch_id = ARGV[8] == '1', ARGV[9], AR
 local audit, retention_ms, tombstone_ms = ARGV[12] == '1', ARGV[13], tonumber(ARGV[14])
 local msg_mode, has_slot, n_consumed = ARGV[15], ARGV[16] == '1', tonumber(ARGV[17])
 local messages, records, payloads = json_list(ARGV[18]), json_list(ARGV[19]), json_list(ARGV[20])
+local keep_transcript = ARGV[21] == '1'
 local next_key = 15
 local sem_key = nil  -- nil: the turn holds no inference slot
 if has_slot then sem_key, next_key = KEYS[15], 16 end
@@ -56,12 +62,18 @@ redis.call('HSET', state_key, index, new_version .. ':' .. state_json)
 -- own compare-and-set, and the next version's claim must not find it busy.
 if token ~= '' then redis.call('DEL', lease_key) end
 if #consumed > 0 then redis.call('DEL', unpack(consumed)) end
-if terminal then
+if terminal and not keep_transcript then
   redis.call('DEL', msgs_key, calls_key)
 else
   if msg_mode == 'r' then redis.call('DEL', msgs_key) end
   if #messages > 0 then redis.call('RPUSH', msgs_key, unpack(messages)) end
-  if #records > 0 then redis.call('RPUSH', calls_key, unpack(records)) end
+  if terminal then
+    redis.call('DEL', calls_key)
+    redis.call('PEXPIRE', msgs_key, tonumber(redis.call('HGET', meta_key, 'retention_ms')
+                                            or retention_ms))
+  elseif #records > 0 then
+    redis.call('RPUSH', calls_key, unpack(records))
+  end
 end
 if old_status ~= new_status then
   if old_status == 'awaiting_tools' then
@@ -76,7 +88,11 @@ if audit then
 end
 if terminal then
   redis.call('ZREM', watch_key, member)
-  redis.call('XADD', results_key, '*', 'i', index, 'r', result_json)
+  if keep_transcript then
+    redis.call('XADD', results_key, '*', 'i', index, 'r', result_json, 'm', '1')
+  else
+    redis.call('XADD', results_key, '*', 'i', index, 'r', result_json)
+  end
   local delivered = redis.call('HINCRBY', meta_key, 'delivered', 1)
   -- the batch's own total, never the worker's idea of it (a worker that misread the plan
   -- once finished a running batch); a meta without one (gone under us) finishes nothing
