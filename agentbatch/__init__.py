@@ -4,7 +4,7 @@ Input list in, structured result list out, each result streamed as its agent fin
 Embedded on asyncio by default; distributed over Celery + Redis when a Redis URL is given.
 """
 
-from .api import arun_batch, asubmit_batch, get_batch, run_batch, submit_batch
+from .api import arun_batch, asubmit_batch, get_batch, get_pipeline, run_batch, submit_batch
 from .errors import (
     AgentBatchError,
     BackendError,
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     # running batches
     "submit_batch", "asubmit_batch", "run_batch", "arun_batch", "get_batch", "BatchHandle",
+    "get_pipeline",
     # patterns over several batches
     "run_with_reduce", "arun_with_reduce", "run_with_map_reduce", "arun_with_map_reduce",
     "PipelineError",

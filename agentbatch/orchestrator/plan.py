@@ -67,6 +67,10 @@ class BatchPlan(BaseModel):
     tool_choice: ToolChoice = _default("tool_choice")
     keep_transcript: bool = _default("keep_transcript")
     created_at: float = 0.0
+    # a stage of a chained pipeline (patterns/pipeline_chain.py): the commit that finishes
+    # this batch enqueues the task that submits the next stage
+    pipeline_id: str | None = None
+    pipeline_stage: int = 0
 
     @staticmethod
     def option_values(opts: BatchOptions) -> dict[str, Any]:

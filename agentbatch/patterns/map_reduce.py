@@ -7,6 +7,7 @@ a model is checked before the planner runs, so bad input enqueues nothing.
 
 from __future__ import annotations
 
+import asyncio
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,7 @@ from ..errors import BatchSpecError
 from ..orchestrator.compile import template_fields
 from ..results import AgentResult
 from .pipeline_error import PipelineError
-from .reduce import Reduced, ReduceSpec, areduce_levels, reduce_levels
+from .reduce import REDUCE_TASK, Reduced, ReduceSpec, areduce_levels, chained_url, reduce_levels
 
 ITEM_FIELD = "item"  # the task template's field for one plan item
 _REDUCE_OPTIONS = ("reduce_backend", "reduce_tools", "reduce_fan_in", "reduce_context_tokens")
@@ -90,17 +91,45 @@ class _Pipeline:
         self.task = task
 
     def map_inputs(self, planned: list[AgentResult]) -> list[dict[str, str]]:
-        """One map input per plan item; a failed planner or an empty plan ends here."""
-        [plan] = planned
-        if not plan.ok:
-            kind, message = (plan.error.kind, plan.error.message) if plan.error else ("?", "")
-            raise PipelineError(f"the planner failed ({kind}: {message}); no map stage ran",
-                                stage="plan", results=planned)
-        items = getattr(plan.output, self.items_field, None)
-        if not items:
-            raise PipelineError(f"the plan's {self.items_field!r} is empty; no map stage ran",
-                                stage="plan", results=planned)
-        return [{ITEM_FIELD: item} for item in items]
+        return plan_map_inputs(planned, self.items_field)
+
+
+def plan_map_inputs(planned: list[AgentResult], items_field: str) -> list[dict[str, str]]:
+    """One map input per plan item; a failed planner or an empty plan ends here. The plan's
+    output may be the schema instance or its dict (a worker chaining the stages)."""
+    [plan] = planned
+    if not plan.ok:
+        kind, message = (plan.error.kind, plan.error.message) if plan.error else ("?", "")
+        raise PipelineError(f"the planner failed ({kind}: {message}); no map stage ran",
+                            stage="plan", results=planned)
+    out = plan.output
+    items = out.get(items_field) if isinstance(out, dict) else getattr(out, items_field, None)
+    if not items:
+        raise PipelineError(f"the plan's {items_field!r} is empty; no map stage ran",
+                            stage="plan", results=planned)
+    return [{ITEM_FIELD: item} for item in items]
+
+
+def _chained(p: _Pipeline, url: str) -> tuple[list[AgentResult], Reduced]:
+    """Distributed: the workers chain plan -> map -> reduce (``pipeline_chain.py``); this
+    process submits the planner and waits on the pipeline. ``on_result`` sees the map
+    results when the pipeline is done."""
+    from .pipeline_handle import new_pipeline_id, start_pipeline
+    from .pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
+
+    pid = check_pipeline_id(new_pipeline_id(p.map_kwargs.get("batch_id")))
+    plan_task, plan_inputs = p.plan_args
+    pipeline = PipelineSpec(pipeline_id=pid, plan=stage_spec(plan_task, p.plan_kwargs),
+                            items_field=p.items_field, map=stage_spec(p.task, p.map_kwargs),
+                            reduce=stage_spec(REDUCE_TASK, p.spec.stage_kwargs(1)),
+                            reduce_template=p.spec.template, fan_in=p.spec.fan_in,
+                            context_tokens=p.spec.context_tokens)
+    with start_pipeline(pipeline, plan_task, list(plan_inputs), url) as handle:
+        mapped, reduced = handle.wait()
+    on_result = p.map_kwargs.get("on_result")
+    for result in mapped if on_result is not None else ():
+        on_result(result)
+    return mapped, reduced
 
 
 def run_with_map_reduce(
@@ -144,6 +173,9 @@ def run_with_map_reduce(
     """
     p = _Pipeline(plan_prompt, plan_inputs, plan_output_schema, task, output_schema, reduce,
                   reduce_schema, planner_model, worker_model, reducer_model, plan_items, kwargs)
+    url = chained_url(kwargs)
+    if url:
+        return _chained(p, url)
     inputs = p.map_inputs(run_batch(*p.plan_args, **p.plan_kwargs))
     mapped = run_batch(p.task, inputs, **p.map_kwargs)
     return mapped, reduce_levels(p.spec, mapped)
@@ -167,6 +199,9 @@ async def arun_with_map_reduce(
     """Async ``run_with_map_reduce`` (same arguments and contract)."""
     p = _Pipeline(plan_prompt, plan_inputs, plan_output_schema, task, output_schema, reduce,
                   reduce_schema, planner_model, worker_model, reducer_model, plan_items, kwargs)
+    url = chained_url(kwargs)
+    if url:
+        return await asyncio.to_thread(_chained, p, url)
     inputs = p.map_inputs(await arun_batch(*p.plan_args, **p.plan_kwargs))
     mapped = await arun_batch(p.task, inputs, **p.map_kwargs)
     return mapped, await areduce_levels(p.spec, mapped)

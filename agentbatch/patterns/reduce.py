@@ -4,13 +4,15 @@ The map stage is one ``run_batch``; each reduce level is another, whose agents e
 rendered prompt (``reduce_prompt``). ``ReduceSpec.levels`` holds the whole reduce logic as a
 generator that yields each level's prompts and receives that level's results, so the sync and
 the async entry points are two thin drivers over the same steps. Both engines come for free:
-the stages are ordinary batches, distributed when ``redis_url`` is given (driven from this
-process).
+the stages are ordinary batches. Embedded, this process drives them; distributed (``redis_url``)
+the workers chain them (``pipeline_chain.py``) and this process only waits on the pipeline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import os
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,14 +106,21 @@ class ReduceSpec:
             "model with a larger context. Nothing was truncated; the map results are on "
             "this error's .results", stage="reduce", results=mapped)
 
+    def level_prompts(self, items: list[AgentResult], level: int,
+                      mapped: list[AgentResult]) -> list[str]:
+        """Level ``level``'s prompts over the previous level's results (the map's at 1): one
+        per group of ``fan_in`` (all of them without one), checked against the context."""
+        k = self.fan_in or max(len(items), 1)
+        groups = [items[s:s + k] for s in range(0, len(items), k)] or [[]]
+        prompts = [render_reduce_prompt(self.template, g, level=level) for g in groups]
+        self._check_context(prompts, level, mapped)
+        return prompts
+
     def levels(self, mapped: list[AgentResult]) -> Generator[Step, list[AgentResult], Reduced]:
         """Yield each level's prompts, receive its results; return ``reduced``."""
         items, level = mapped, 1
         while True:
-            k = self.fan_in or max(len(items), 1)
-            groups = [items[s:s + k] for s in range(0, len(items), k)] or [[]]
-            prompts = [render_reduce_prompt(self.template, g, level=level) for g in groups]
-            self._check_context(prompts, level, mapped)
+            prompts = self.level_prompts(items, level, mapped)
             items = yield level, prompts
             if len(items) == 1:
                 final = items[0]
@@ -157,6 +166,29 @@ async def areduce_levels(spec: ReduceSpec, mapped: list[AgentResult]) -> Reduced
             level, prompts = levels.send(out)
         except StopIteration as done:
             return done.value
+
+
+def chained_url(kwargs: Mapping[str, Any]) -> str | None:
+    """The Redis URL that makes a pattern distributed (and chained), or None (embedded)."""
+    return kwargs.get("redis_url") or os.environ.get("AGENTBATCH_REDIS_URL") or None
+
+
+def run_chained_reduce(task: str, inputs: Iterable[Any], spec: ReduceSpec, url: str
+                       ) -> tuple[list[AgentResult], Reduced]:
+    """The distributed ``run_with_reduce``: workers chain the stages (``pipeline_chain``);
+    this process submits the map and waits on the pipeline, so dying loses nothing."""
+    from .pipeline_handle import new_pipeline_id, start_pipeline
+    from .pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
+
+    pid = check_pipeline_id(new_pipeline_id(spec.kwargs.get("batch_id")))
+    pipeline = PipelineSpec(pipeline_id=pid, map=stage_spec(task, spec.kwargs),
+                            reduce=stage_spec(REDUCE_TASK, spec.stage_kwargs(1)),
+                            reduce_template=spec.template, fan_in=spec.fan_in,
+                            context_tokens=spec.context_tokens)
+    on_result = spec.kwargs.get("on_result")
+    extra = {"on_result": on_result} if on_result is not None else {}
+    with start_pipeline(pipeline, task, list(inputs), url, **extra) as handle:
+        return handle.wait()
 
 
 def run_with_reduce(
@@ -205,6 +237,9 @@ def run_with_reduce(
     spec = ReduceSpec.build(reduce, reduce_schema, kwargs=kwargs, reduce_model=reduce_model,
                  reduce_backend=reduce_backend, reduce_tools=reduce_tools,
                  reduce_fan_in=reduce_fan_in, reduce_context_tokens=reduce_context_tokens)
+    url = chained_url(kwargs)
+    if url:
+        return run_chained_reduce(task, inputs, spec, url)
     mapped = run_batch(task, inputs, **kwargs)
     return mapped, reduce_levels(spec, mapped)
 
@@ -226,5 +261,8 @@ async def arun_with_reduce(
     spec = ReduceSpec.build(reduce, reduce_schema, kwargs=kwargs, reduce_model=reduce_model,
                  reduce_backend=reduce_backend, reduce_tools=reduce_tools,
                  reduce_fan_in=reduce_fan_in, reduce_context_tokens=reduce_context_tokens)
+    url = chained_url(kwargs)
+    if url:
+        return await asyncio.to_thread(run_chained_reduce, task, inputs, spec, url)
     mapped = await arun_batch(task, inputs, **kwargs)
     return mapped, await areduce_levels(spec, mapped)

@@ -88,6 +88,25 @@ class BatchKeys:
 
 
 
+class PipelineKeys:
+    """Keys of one chained pipeline (``patterns/pipeline_chain.py``): its spec, one guard per
+    stage a worker submitted, and how it ended. They get the batches' retention."""
+
+    def __init__(self, pipeline_id: str) -> None:
+        base = f"{PREFIX}:pipe:{{{pipeline_id}}}"
+        self.pipeline_id = pipeline_id
+        self.spec = f"{base}:spec"  # string: the PipelineSpec JSON, created only if absent
+        self.done = f"{base}:done"  # string: JSON {"stage": n} or {"error": ..., "stage": n}
+
+    def stage(self, n: int) -> str:
+        """String (SET NX): the batch id of stage ``n``, set by the worker that submits it."""
+        return f"{PREFIX}:pipe:{{{self.pipeline_id}}}:stage:{n}"
+
+    def staged_spec(self, token: str) -> str:
+        """Where a submitter writes the spec before RENAMENX puts it in place."""
+        return f"{STAGING}:pipe:{{{self.pipeline_id}}}:{token}"
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 

@@ -274,14 +274,16 @@ class BatchStore:
             keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
                   k.audit, k.resends, k.plan, k.gone, k.messages(old.index), k.fence,
                   k.calls(old.index), k.started, *([t.slot_key] if t.slot_key else []),
-                  *t.consumed, *(key for key, _ in t.enqueue)],
+                  *t.consumed, *(key for key, _ in t.enqueue),
+                  *([t.on_finish[0]] if t.on_finish else [])],
             args=[old.index, old.version, new.version, stored_state(stored), t.token,
                   old.status.value, new.status.value, "1" if terminal else "0", t.result_json,
                   t.deadline_ms, self.batch_id, "1" if t.audit else "0",
                   retention_ms(t.retention_s), TOMBSTONE_S * 1000, mode,
                   "1" if t.slot_key else "0", len(t.consumed),
                   json_array(message_entries(tail)), json_array(records),
-                  json_array(payload for _, payload in t.enqueue), "1" if keep else "0"],
+                  json_array(payload for _, payload in t.enqueue),
+                  t.on_finish[1] if t.on_finish else "", "1" if keep else "0"],
         )
         return bool(ok)
 

@@ -33,3 +33,5 @@ class Transition:
     # a terminal ``new`` keeps its conversation (msgs list, retention TTL) for the result's
     # ``messages`` and ``agentbatch show``: keep_transcript, or it failed (finish.py)
     keep_transcript: bool = False
+    # (queue list key, task message) pushed only if this commit finishes the batch
+    on_finish: tuple[str, str] | None = None

@@ -21,6 +21,7 @@ TOOLS_QUEUE = "tools"
 TURN_TASK = "agentbatch.turn"
 TOOL_TASK = "agentbatch.tool"
 SWEEP_TASK = "agentbatch.sweep"
+PIPELINE_TASK = "agentbatch.pipeline_stage"  # a pipeline stage finished: submit the next
 PRIORITY_STEPS = [0, 3, 6, 9]  # kombu's default; each step is its own Redis list
 
 

@@ -37,6 +37,7 @@ from ..state.redis_store import BatchStore, Claim, now_ms
 from ..state.transition import Transition
 from ..toolpool.redis_coalesce import RedisLease
 from ..toolpool.tool import Tool
+from .app import INFERENCE_QUEUE, PIPELINE_TASK, PRIORITY_STEPS
 from .app import app as celery_app
 from .context import LoadedBatch, WorkerContext
 from .dispatch import Followup, envelopes, followups_for, tool_again, turn_again
@@ -82,11 +83,16 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
     followups = followups_for(loaded.plan.batch_id, loaded.policy, new)
     if old.status is AgentStatus.AWAITING_TOOLS and len(old.pending_calls) > 1:
         consumed = [loaded.store.k.tool_results(old.index, old.version), *consumed]
+    on_finish = None
+    if new.terminal and loaded.plan.pipeline_id:  # the commit finishing the stage sends it
+        [on_finish] = envelopes(celery_app, [Followup(
+            PIPELINE_TASK, (loaded.plan.pipeline_id, loaded.plan.pipeline_stage),
+            INFERENCE_QUEUE, PRIORITY_STEPS[0])])
     won = await loaded.store.commit(Transition(
         old, new, token=token, slot_key=slot_key, result_json=result_json,
         deadline_ms=deadline_for(ctx), audit=ctx.settings.audit,
         enqueue=envelopes(celery_app, followups), retention_s=ctx.settings.retention_s,
-        listed=listed, consumed=consumed,
+        listed=listed, consumed=consumed, on_finish=on_finish,
         keep_transcript=new.terminal and keeps_transcript(loaded.plan, new)))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")

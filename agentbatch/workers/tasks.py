@@ -13,7 +13,7 @@ import threading
 from celery import signals
 
 from . import kombu_client_cache, loop, oom
-from .app import SWEEP_TASK, TOOL_TASK, TURN_TASK, app
+from .app import PIPELINE_TASK, SWEEP_TASK, TOOL_TASK, TURN_TASK, app
 from .context import worker_context
 from .dispatch import broker_client, publish
 from .steps import run_tool, run_turn
@@ -39,6 +39,16 @@ def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
     followups = loop.run(run_tool(worker_context(), batch_id, index, version, call_id, tool,
                                   calls))
     publish(self.app, followups)
+
+
+@app.task(name=PIPELINE_TASK, bind=True)
+def pipeline_task(self, pipeline: str, stage: int) -> str:
+    """Stage ``stage`` of a chained pipeline finished (its last commit sent this): submit the
+    next stage once, or end the pipeline (``patterns/pipeline_chain.py``)."""
+    from ..patterns.pipeline_chain import stage_finished
+
+    settings = worker_context().settings
+    return stage_finished(settings.redis_url, settings.worker_imports, pipeline, stage)
 
 
 @app.task(name=SWEEP_TASK, bind=True)

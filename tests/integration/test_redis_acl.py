@@ -29,7 +29,7 @@ from kombu.exceptions import OperationalError
 
 from agentbatch import submit_batch
 from agentbatch.errors import BatchSpecError, ConfigError
-from agentbatch.state.keys import BatchKeys
+from agentbatch.state.keys import BatchKeys, PipelineKeys
 from agentbatch.state.retention import delete_batch
 from agentbatch.workers.app import client_app
 from agentbatch.workers.envelope import queue_key
@@ -386,3 +386,21 @@ def test_the_worker_user_cannot_shut_down_the_fleet(acl_server, admin):
 def _worker_name(worker: WorkerProcess) -> str:
     """The node name ``WorkerProcess`` gives the worker (``--hostname NAME-pid@%h``)."""
     return f"{worker.name}-{os.getpid()}@{socket.gethostname()}"
+
+
+def test_the_submitter_creates_a_pipeline_spec_only_if_absent(acl_server, admin):
+    """start_pipeline's writes: the spec is staged, then RENAMENX'd into place (never over
+    another pipeline's); a direct SET of a pipeline key is refused."""
+    pk = PipelineKeys("acl-pipe")
+    admin.delete(pk.spec)
+    client = _client(acl_server, "submitter")
+    staged = pk.staged_spec("t1")
+    assert client.set(staged, "{}", px=60_000)
+    assert client.renamenx(staged, pk.spec)
+    assert client.set(pk.staged_spec("t2"), "{other}", px=60_000)
+    assert not client.renamenx(pk.staged_spec("t2"), pk.spec)  # exists: left as it was
+    assert admin.get(pk.spec) == b"{}" or admin.get(pk.spec) == "{}"
+    _refused(client, "SET", pk.spec, "x")
+    _refused(client, "SET", pk.done, "x")
+    _refused(client, "DEL", pk.spec)
+    admin.delete(pk.spec, pk.staged_spec("t2"))

@@ -6,8 +6,8 @@
 -- KEYS: state, lease, watch, meta, results, batches, audit, resends, plan, gone, msgs,
 --       fence, calls, started,
 --       then, counted by ARGV: the sem zset (when has_slot is '1'), the keys the transition
---       consumes (n_consumed: the round's tool fan-in hash, call locks), and one queue list
---       per task payload
+--       consumes (n_consumed: the round's tool fan-in hash, call locks), one queue list
+--       per task payload, then the on_finish queue list (only when on_finish is given)
 -- ARGV: index, expected_version, new_version, state_json (no messages, no tool log), token
 --       ('' = no lease held), old_status, new_status, terminal ('1'|'0'), result_json,
 --       deadline_ms, batch_id, audit ('1'|'0'), retention_ms (when meta has none),
@@ -15,6 +15,8 @@
 --       has_slot ('1' when the turn holds an inference slot), n_consumed,
 --       messages (JSON array of message JSON strings), records (JSON array of tool-call
 --       record JSON strings), payloads (JSON array: one task message per queue list key),
+--       on_finish (optional, '' = none: a task message pushed only by the commit that
+--       finishes the batch: a pipeline stage's 'stage finished' task, patterns/pipeline_chain),
 --       keep_transcript (optional, '1': a terminal agent keeps its msgs list, see below)
 -- History is linear: the state hash holds the agent's scalars, the msgs list its
 -- conversation and the calls list its tool-call log, and a transition RPUSHes only what it
@@ -41,12 +43,15 @@ local terminal, result_json, deadline_ms, batch_id = ARGV[8] == '1', ARGV[9], AR
 local audit, retention_ms, tombstone_ms = ARGV[12] == '1', ARGV[13], tonumber(ARGV[14])
 local msg_mode, has_slot, n_consumed = ARGV[15], ARGV[16] == '1', tonumber(ARGV[17])
 local messages, records, payloads = json_list(ARGV[18]), json_list(ARGV[19]), json_list(ARGV[20])
-local keep_transcript = ARGV[21] == '1'
+local on_finish = ARGV[21] or ''
+local keep_transcript = ARGV[22] == '1'
 local next_key = 15
 local sem_key = nil  -- nil: the turn holds no inference slot
 if has_slot then sem_key, next_key = KEYS[15], 16 end
 local consumed, queue_start = keys_from(next_key, n_consumed)
-local queues = keys_from(queue_start, #KEYS - queue_start + 1)
+local n_queues, finish_queue = #KEYS - queue_start + 1, nil
+if on_finish ~= '' then finish_queue, n_queues = KEYS[#KEYS], n_queues - 1 end
+local queues = keys_from(queue_start, n_queues)
 if #queues ~= #payloads then
   return redis.error_reply('commit: ' .. #queues .. ' queue keys for ' .. #payloads .. ' payloads')
 end
@@ -110,6 +115,7 @@ if terminal then
     redis.call('SET', gone_key, cjson.encode({reason = 'expired', finished_at_ms = now_ms,
                                               retention_ms = keep}),
                'PX', keep + tombstone_ms)
+    if finish_queue then redis.call('LPUSH', finish_queue, on_finish) end
   end
 else
   redis.call('ZADD', watch_key, deadline_ms, member)
