@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -31,6 +30,8 @@ from redis.retry import Retry
 from agentbatch.orchestrator.options import BatchOptions
 from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE, client_app
 from agentbatch.workers.app import TURN_TASK as _TURN_TASK
+from tests.support.scratch import root as scratch_root
+from tests.support.scratch import scratch_dir
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "compose"
@@ -249,7 +250,7 @@ def test_redis_server_accepts_the_conf(conf_text):
     """Start the real redis-server on each conf (dir/port/bind overridden for a sandbox)."""
     from tests.support.redis_server import free_port
 
-    data = Path(tempfile.mkdtemp(prefix="agentbatch-conf-"))
+    data = scratch_dir("conf-")
     port = free_port()
     text = re.sub(r"(?m)^dir .*$", f"dir {data}", conf_text())
     (data / "redis.conf").write_text(text)
@@ -469,7 +470,8 @@ def env_value(container: dict[str, Any], name: str) -> str:
 
 
 def render_acl(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    out = Path(tempfile.mkdtemp(prefix="agentbatch-acl-")) / "users.acl"
+    # the file holds passwords: under the test process's scratch dir, removed at exit
+    out = scratch_dir("acl-") / "users.acl"
     return subprocess.run(["sh", str(DEPLOY / "render-redis-acl.sh"),
                            str(DEPLOY / "redis-users.acl"), str(out)],
                           env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
@@ -555,6 +557,7 @@ def test_the_acl_renderer_fills_drops_and_refuses():
     assert {line.split()[1] for line in text.splitlines()} == {"default", "agentbatch-worker"}
     assert ">a1 " in text and ">w-2.x_~ " in text and "_PASSWORD>" not in text
     assert out.stat().st_mode & 0o077 == 0  # readable by its owner only
+    assert out.is_relative_to(scratch_root())  # removed with it when the process exits
     missing = render_acl({"REDIS_WORKER_PASSWORD": "w"})
     assert missing.returncode != 0 and "REDIS_PASSWORD" in missing.stderr
     bad = render_acl({"REDIS_PASSWORD": "a1", "REDIS_FLOWER_PASSWORD": "p/w&x"})
@@ -571,7 +574,7 @@ def test_redis_server_starts_on_the_k8s_conf_with_the_rendered_acl():
                  "REDIS_KEDA_PASSWORD": "k3da"}
     rendered = render_acl(passwords)
     assert rendered.returncode == 0, rendered.stderr
-    data = Path(tempfile.mkdtemp(prefix="agentbatch-conf-acl-"))
+    data = scratch_dir("conf-acl-")
     port = free_port()
     text = re.sub(r"(?m)^dir .*$", f"dir {data}", k8s_redis_conf_text())
     (data / "redis.conf").write_text(text)
