@@ -71,7 +71,8 @@ class _Endpoint:
     ejected: bool = False
     suspect_until: float = 0.0  # loop time; after a failure short of ejection
     probe: asyncio.Task[None] | None = None
-    check: asyncio.Task[None] | None = None  # health check after a first failure
+    check: asyncio.Task[None] | None = None  # health check after a failure or a stall
+    gone: asyncio.Future[str] | None = None  # resolved (with why) when it is ejected
 
 
 class EndpointPool(Backend):
@@ -83,6 +84,7 @@ class EndpointPool(Backend):
         *,
         eject_after: int = 3,
         probe_interval_s: float = 2.0,
+        stall_check_s: float = 5.0,
         routing: str = "affinity",
         load_factor: float = 1.25,
         load_floor: int = 2,
@@ -107,6 +109,7 @@ class EndpointPool(Backend):
         self.capabilities = backends[0].capabilities
         self.eject_after = eject_after
         self.probe_interval_s = probe_interval_s
+        self.stall_check_s = stall_check_s
         self.routing = routing
         self.load_factor = load_factor
         self.load_floor = load_floor
@@ -187,7 +190,7 @@ class EndpointPool(Backend):
         ep.outstanding += 1
         ep.requests += 1
         try:
-            response = await ep.backend.complete(request)
+            response = await self._watched(ep, request)
         except BackendError as exc:
             self._failed(ep, exc)
             raise
@@ -196,6 +199,31 @@ class EndpointPool(Backend):
         if not ep.ejected:
             ep.failures = 0
         return response
+
+    async def _watched(self, ep: _Endpoint, request: ModelRequest) -> ModelResponse:
+        """``ep``'s answer, unless ``ep`` is ejected first: then ``BackendUnavailable`` at once,
+        so the retry runs elsewhere with the turn's remaining time. A turn in flight for
+        ``stall_check_s`` asks the server's health (one check per endpoint at a time): a
+        stopped or hung server does not answer it and is ejected, a busy one does."""
+        if ep.gone is None or ep.gone.done():
+            ep.gone = asyncio.get_running_loop().create_future()
+        gone = ep.gone
+        call = asyncio.ensure_future(ep.backend.complete(request))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call, gone}, timeout=self.stall_check_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if call in done:
+                    return call.result()
+                if gone in done:
+                    raise BackendUnavailable(
+                        f"{ep.name} was ejected while this turn was in flight ({gone.result()})")
+                self._start_check(ep, f"a turn in flight for {self.stall_check_s:g}s")
+        finally:
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await call
 
     async def complete_batch(self, prompts: list[str], **kwargs: Any) -> list[Any]:
         """Batch prompting on the least-loaded endpoint that supports it."""
@@ -218,14 +246,18 @@ class EndpointPool(Backend):
         ep.suspect_until = asyncio.get_running_loop().time() + self.probe_interval_s
         if ep.failures >= self.eject_after:
             self._eject(ep, f"{ep.failures} consecutive failures, last: {exc}")
-        elif ep.check is None and not ep.ejected and not self._closed:
+        else:
+            self._start_check(ep, str(exc))
+
+    def _start_check(self, ep: _Endpoint, why: str) -> None:
+        if ep.check is None and not ep.ejected and not self._closed:
             ep.check = asyncio.get_running_loop().create_task(
-                self._check(ep, str(exc)), name=f"agentbatch-check-{ep.name}"
+                self._check(ep, why), name=f"agentbatch-check-{ep.name}"
             )
 
     async def _check(self, ep: _Endpoint, error: str) -> None:
-        """After a failure: a server that does not answer its health check either (killed,
-        stopped) is ejected now, without waiting for ``eject_after`` more failed turns."""
+        """After a failure or a stall: a server that does not answer its health check either
+        (killed, stopped) is ejected now, without waiting for ``eject_after`` failed turns."""
         try:
             if not await self._healthy(ep):
                 self._eject(ep, f"health check failed after: {error}")
@@ -237,6 +269,8 @@ class EndpointPool(Backend):
             return
         ep.ejected = True
         ep.ejections += 1
+        if ep.gone is not None and not ep.gone.done():
+            ep.gone.set_result(reason)  # its turns in flight move now
         log.warning("endpoint %s ejected (%s)", ep.name, reason)
         ep.probe = asyncio.get_running_loop().create_task(
             self._probe(ep), name=f"agentbatch-probe-{ep.name}"

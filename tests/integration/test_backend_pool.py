@@ -94,6 +94,12 @@ def req(agent: str, model: str = "m", turn: int = 0) -> ModelRequest:
     )
 
 
+def homed(pool: EndpointPool, server: Server, n: int) -> list[str]:
+    """``n`` agent keys whose home endpoint (rendezvous hashing of the key) is ``server``."""
+    keys = (f"agent{i}" for i in range(1000))
+    return [k for k in keys if str(server.port) in (pool.endpoint_for(k) or "")][:n]
+
+
 async def no_sleep(seconds: float) -> None:
     return None
 
@@ -133,13 +139,14 @@ async def test_affinity_keeps_an_agent_on_its_endpoint(servers: tuple[Server, Se
     a, b = servers
     pool = make_pool(servers)
     try:
+        agents = homed(pool, a, 2) + homed(pool, b, 2)
         for turn in range(5):
-            for agent in ("x", "y", "z", "w"):
+            for agent in agents:
                 await pool.complete(req(agent, turn=turn))
-        for agent in ("x", "y", "z", "w"):
+        for agent in agents:
             on_a, on_b = a.agents.count(agent), b.agents.count(agent)
             assert sorted((on_a, on_b)) == [0, 5], agent
-        assert a.agents and b.agents  # new agents were spread over both
+        assert a.agents and b.agents  # homes are spread over both
     finally:
         await pool.aclose()
 
@@ -230,13 +237,14 @@ async def test_health_and_probe_all(servers: tuple[Server, Server]) -> None:
 async def test_retry_after_refused_connection_goes_elsewhere_before_ejection(
     servers: tuple[Server, Server],
 ) -> None:
-    _a, b = servers
+    a, b = servers
     pool = make_pool(servers, eject_after=100, probe_interval_s=3600)
     backend = RetryingBackend(pool, RetryPolicy(attempts=2), sleep=no_sleep)
     try:
-        for agent in ("k0", "k1"):
+        pair = homed(pool, a, 1) + homed(pool, b, 1)
+        for agent in pair:
             await backend.complete(req(agent))
-        [on_b] = [ag for ag in ("k0", "k1") if ag in b.agents]
+        [on_b] = [ag for ag in pair if ag in b.agents]
         name_b = pool.endpoint_for(on_b)
         await b.stop()
         resp = await backend.complete(req(on_b, turn=1))  # one failure, one retry, on A
