@@ -30,7 +30,7 @@ from .output import OutputContract
 from .plan import BatchPlan, ToolRef
 from .pricing import load_prices
 from .tool_choice import check_backends as check_tool_choice_backends
-from .validate import check_inputs, check_options, check_tools
+from .validate import check_inputs, check_options, check_pool, check_tools
 
 
 @dataclass
@@ -125,8 +125,9 @@ def _backends(backend: Any) -> list[str]:
         raise BatchSpecError(f"backend hostfile could not be read: {exc}") from None
     if not expanded:
         raise BatchSpecError("the backend hostfile lists no endpoints")
-    for url in expanded:
-        parse_backend_url(url)
+    targets = [parse_backend_url(url) for url in expanded]
+    if len(targets) > 1:
+        check_pool(targets)
     return urls
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
+from ..backends.urls import BackendTarget
 from ..errors import BatchSpecError, ConfigError
 from ..metrics.server import check_metrics_port
 from ..state.connection import check_url
@@ -130,6 +131,31 @@ def _check_backend(backend: Any) -> None:
             or not all(isinstance(u, str) and u for u in urls)):
         raise BatchSpecError("backend must be a URL such as 'vllm://host:8000' or a non-empty "
                              f"list of URLs, got {show(backend)}")
+
+
+# Hosted APIs serve their own models: a pool may not mix one with any other kind of server.
+_OWN_MODELS = ("openai", "anthropic", "bedrock")
+
+
+def check_pool(targets: list[BackendTarget]) -> None:
+    """A pool (several backend URLs, hostfiles expanded) must name distinct servers of one
+    model: the same server twice would be routed as two (double its share of turns, and its
+    agents split over two names), and a hosted API mixed with another kind of server cannot
+    serve the model the other does."""
+    seen: dict[str, str] = {}
+    for t in targets:
+        where = t.display if t.scheme == "bedrock" else t.base_url.lower()
+        if where in seen:
+            raise BatchSpecError(f"backend lists the same server twice: {seen[where]} and "
+                                 f"{t.display}; list each server of a pool once")
+        seen[where] = t.display
+    kinds = {t.scheme for t in targets}
+    hosted = sorted(kinds & set(_OWN_MODELS))
+    if hosted and len(kinds) > 1:
+        raise BatchSpecError(
+            f"backend mixes {hosted[0]}:// with {', '.join(sorted(kinds - {hosted[0]}))}: a "
+            f"pool's servers must serve one model, and {hosted[0]} serves only its own; use "
+            "one kind of hosted API per batch")
 
 
 def check_schema(schema: Any) -> None:

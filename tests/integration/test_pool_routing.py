@@ -79,3 +79,19 @@ def test_two_workers_send_each_agents_turns_to_one_server(
     assert agents == AGENTS
     assert split == [], f"{len(split)} of {AGENTS} agents were served by both servers"
     assert all(sim_stats(s)["requests"].get("chat_completions", 0) > 0 for s in two_sims)
+
+
+@pytest.mark.parametrize("backend, named", [
+    (["vllm://127.0.0.1:8000", "vllm://127.0.0.1:8000/v1"], "the same server twice"),
+    (["http://Host.example:9000", "sglang://host.example:9000"], "the same server twice"),
+    (["openai://api.openai.com", "vllm://127.0.0.1:8000"], "mixes openai:// with vllm"),
+    (["anthropic://api.anthropic.com", "bedrock://us-east-1"], "mixes anthropic:// with bedrock"),
+])
+def test_a_pool_of_duplicates_or_mixed_models_is_refused_at_submit(
+        backend: list[str], named: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbatch import BatchSpecError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    with pytest.raises(BatchSpecError, match=f"backend.*{named}"):
+        submit_batch("Agent {i}.", [{"i": 0}], model="m", backend=backend)
