@@ -115,7 +115,8 @@ def run_engine_demo(out: Console, agents: int) -> int:
     llama.cpp build emits no native tool calls (issue 9), so the tool goes through
     ``tool_calling="json"`` (replies constrained to a call or the answer), with
     ``tool_choice="required"``: each agent looks its country up before it answers. Returns the
-    exit code (1 if any agent failed).
+    exit code: 0 once the batch ran, whatever its agents' outcomes (a 135M model's failed
+    agents are reported as data), 1 when it could not run (no engine, the server failed).
     """
     from rich.table import Table
 
@@ -163,4 +164,4 @@ def run_engine_demo(out: Console, agents: int) -> int:
         out.print("first result:", first.output.model_dump())
     for r in [r for r in results if not r.ok][:3]:
         out.print("[red]error[/red]", r.error.model_dump() if r.error else None)
-    return 0 if ok == agents else 1
+    return 0  # the batch ran: failed agents are counted and shown above, not an exit status

@@ -46,14 +46,17 @@ TASK = (
 )
 
 
-def run_demo(agents: int = 100, fixed_ms: float = 60.0) -> dict[str, Any]:
-    """Start a simulator process, run the batch on the embedded engine, return a report."""
+def run_demo(agents: int = 100, fixed_ms: float = 60.0,
+             fault_rates: dict[str, float] | None = None) -> dict[str, Any]:
+    """Start a simulator process (injecting ``fault_rates``, ``sim.faults``), run the batch
+    on the embedded engine, return a report. Failed agents are in it (``ok``, ``errors``):
+    they are the demo's data, not its failure."""
     from . import run_batch
     from .sim.config import SimConfig
     from .sim.process import SimProcess
 
     inputs = [{"country": COUNTRIES[i % len(COUNTRIES)], "n": i} for i in range(agents)]
-    with SimProcess(SimConfig(fixed_ms=fixed_ms)) as sim:
+    with SimProcess(SimConfig(fixed_ms=fixed_ms, fault_rates=dict(fault_rates or {}))) as sim:
         started = time.perf_counter()
         results = run_batch(
             TASK, inputs,

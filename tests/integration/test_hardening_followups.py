@@ -1,5 +1,5 @@
 """Follow-ups to issue 21's hardening: a plan no worker can read, a damaged state met by a
-tool task.
+tool task, and the demo's exit status when some of its agents fail.
 
 Real redis-server, real `agentbatch worker` processes, the simulator over real HTTP.
 """
@@ -7,6 +7,9 @@ Real redis-server, real `agentbatch worker` processes, the simulator over real H
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -16,6 +19,7 @@ import redis
 from agentbatch import submit_batch
 from agentbatch.state.keys import BatchKeys
 from tests.support.tools import Answer, lookup
+from tests.support.workers import REPO
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -90,3 +94,30 @@ def test_a_tool_task_that_meets_a_damaged_state_ends_the_agent_as_internal(
     assert r.hget(k.meta, "n:awaiting_tools") == "0"  # the placeholder kept its status
     assert "Traceback" not in tools.log(), tools.log()[-3000:]
     assert r.get("test:exec:lookup:k0") is None  # the tool never ran for it
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentbatch.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})  # --help unwrapped
+
+
+@pytest.mark.parametrize("rates", ["malformed_json=1"])
+def test_the_demo_reports_failed_agents_as_data_and_exits_0(rates):
+    # Every model reply malformed: each agent ends invalid_output. The batch itself ran, so
+    # the demo shows the count and the errors and exits 0 (before: exit 1).
+    proc = _cli("demo", "--agents", "3", "--fixed-ms", "5", "--fault-rate", rates)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "0 / 3" in proc.stdout, proc.stdout
+    assert "invalid_output" in proc.stdout, proc.stdout
+
+
+def test_the_demo_states_its_exit_rule_and_refuses_a_bad_fault_rate():
+    shown = _cli("demo", "--help")
+    assert shown.returncode == 0 and "Exit status: 0 when the batch ran" in shown.stdout, \
+        shown.stdout
+    bad = _cli("demo", "--agents", "2", "--fault-rate", "bogus=1")
+    assert bad.returncode == 2 and "--fault-rate" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+    engine = _cli("demo", "--engine", "llamacpp", "--fault-rate", "http_500=0.5")
+    assert engine.returncode == 2 and "simulator" in engine.stderr, engine.stderr
