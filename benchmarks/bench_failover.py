@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_failover --json benchmarks/results/failover.json
 
-The README's "High availability" topology on one machine (tests/support/sentinel.py): a
+The topology of docs/failover.md on one machine (tests/support/sentinel.py): a
 primary and a replica (AOF, fsync every second), three sentinels (quorum 2), real
 ``agentbatch worker`` processes with the DEFAULT recovery settings, the simulator as model.
 For each Sentinel ``down-after-milliseconds`` given, one group runs the same batch twice:

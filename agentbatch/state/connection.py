@@ -14,7 +14,7 @@ the Celery broker (``broker_url`` / ``broker_ssl``), so the two never disagree:
   does not parse is refused without echoing any part of it but its scheme.
 * ``sentinel://[[user]:password@]host1[:26379],host2[:26379],.../primary_name[?db=N]`` reaches
   the primary that Redis Sentinel names ``primary_name``, so agentbatch rides through the
-  loss of the primary (README, "High availability"). The password is the primary's (and its
+  loss of the primary (docs/failover.md). The password is the primary's (and its
   replicas'); the sentinels are asked without one. kombu gets its own spelling
   (``sentinel://h1:p1;sentinel://h2:p2`` and ``master_name``, see ``broker_transport``). TLS
   through Sentinel is refused rather than half-applied.
@@ -53,8 +53,7 @@ CLUSTER_UNSUPPORTED = (
     "the Celery queue lists together, and Cluster runs a script only on keys of one hash "
     "slot. For high "
     "availability use Redis Sentinel (a primary, a replica, three sentinels) with a "
-    "sentinel://host1:26379,host2:26379,host3:26379/primary_name URL (README, "
-    "'High availability')"
+    "sentinel://host1:26379,host2:26379,host3:26379/primary_name URL (docs/failover.md)"
 )
 TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _VERIFIED = ("required", "cert_required")
@@ -306,8 +305,7 @@ _SENTINEL_QUERY_TIMEOUT_S = 2.0  # a sentinel answers "who is the primary" from 
 # each reconnect) instead of failing its task: backoff 0.1, 0.2, 0.4, 0.8, then 1 s. With no
 # primary at all, a sync client's command gives up after about 30 s and an async client's
 # (whose connect retries on its own too) after about 60 s (redis-py 8.1, measured with
-# tests/support/sentinel.py); a failover within that fails no task (README, "High
-# availability").
+# tests/support/sentinel.py); a failover within that fails no task (docs/failover.md).
 FAILOVER_RETRIES = 32
 _FAILOVER_BACKOFF = {"cap": 1.0, "base": 0.05}
 

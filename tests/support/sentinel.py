@@ -1,8 +1,8 @@
 """A throwaway Sentinel group: a primary with AOF, one replica, three `redis-sentinel`s.
 
 Every process gets a free port and lives in one temp dir; every wait has a deadline, and
-``cleanup`` stops whatever is still running. It is the README's "High availability" topology
-on one machine, so a test can SIGKILL the primary and watch Sentinel promote the replica.
+``cleanup`` stops whatever is still running. It is the topology of docs/failover.md on one
+machine, so a test can SIGKILL the primary and watch Sentinel promote the replica.
 """
 
 from __future__ import annotations
