@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from typing import Any, get_args
 
 from ..errors import BatchSpecError
@@ -37,6 +38,8 @@ SUMMARY_SYSTEM = (
 MESSAGE_OVERHEAD_TOKENS = 16
 TOOLS_OVERHEAD_TOKENS = 256
 CHARS_PER_TOKEN = 4
+# A new summary leaves the kept tail at most this fraction of the room, so later turns reuse it.
+SUMMARY_REFILL = 0.5
 
 
 def check_compaction(compaction: object, threshold: object) -> None:
@@ -130,6 +133,24 @@ def summary_points(messages: list[Message]) -> list[int]:
             if messages[i].get("role") == "assistant"][::-1]
 
 
+def summary_start(points: list[int], tail_tokens: Callable[[int], float], room: float,
+                  fixed: float = 0, previous: int | None = None) -> int:
+    """Where this turn's kept tail starts (``points`` from ``summary_points``, non-empty).
+
+    ``tail_tokens(p)``: the prompt's size keeping ``messages[p:]``, of which ``fixed`` is
+    always there (system, tools, task). ``previous`` (the start of this agent's last summary)
+    is kept while its tail still fits ``room``: the summarized part is then the same, so is
+    its summary (cached, no model call). A new start keeps the most tail that fills at most
+    ``SUMMARY_REFILL`` of the room left after ``fixed``, so the next turns' growth fits under
+    the same summary; without that margin the start moved, and a summary was made, on every
+    turn past the threshold. The last point when no tail fits.
+    """
+    if previous in points and tail_tokens(previous) <= room:
+        return previous
+    refill = fixed + (room - fixed) * SUMMARY_REFILL
+    return next((p for p in points if tail_tokens(p) <= refill), points[-1])
+
+
 def summary_view(messages: list[Message], start: int, summary: str) -> list[Message]:
     """The task, the summary of ``messages[1:start]``, then ``messages[start:]`` unchanged.
 
@@ -147,15 +168,18 @@ def summary_view(messages: list[Message], start: int, summary: str) -> list[Mess
 def transcript(messages: list[Message]) -> str:
     """The messages as plain text for the summarizer (no tool-call structure to keep)."""
     lines = []
+    names: dict[str, str] = {}  # tool_call_id -> the tool's name (a tool message has none)
     for m in messages:
         role = m.get("role", "user")
         content = m.get("content")
         text = content if isinstance(content, str) else canonical_json(content or "")
         if role == "tool":
-            lines.append(f"[tool result {m.get('name') or ''}]\n{text}")
+            name = m.get("name") or names.get(m.get("tool_call_id") or "", "")
+            lines.append(f"[tool result {name}]\n{text}" if name else f"[tool result]\n{text}")
             continue
         for call in m.get("tool_calls") or []:
             fn = call.get("function") or {}
+            names[call.get("id") or ""] = str(fn.get("name") or "")
             text += f"\n[called {fn.get('name')}({fn.get('arguments')})]"
         lines.append(f"[{role}]\n{text.strip()}")
     return "\n\n".join(lines)

@@ -34,6 +34,10 @@ ROUNDS = 4  # truncation rounds, each cutting more, before the prompt is declare
 SUMMARY_MAX_TOKENS = 1024
 _SUMMARIES: OrderedDict[str, str] = OrderedDict()  # summary_key -> text, this process
 _MAX_SUMMARIES = 256
+# batch:index -> where the agent's last summary ended, this process: a later turn keeps it
+# while it fits, so its summary is reused (``compaction.summary_start``). A worker that did not
+# make it summarizes once more, then reuses its own.
+_STARTS: OrderedDict[str, int] = OrderedDict()
 
 
 @dataclass
@@ -141,12 +145,15 @@ async def _summarized(rt: BatchRuntime, state: AgentState, request: ModelRequest
         return None
     chars = cp.prompt_chars(request.messages, request.tools)
     room = budget.target - min(SUMMARY_MAX_TOKENS, budget.target // 4)
-    start = points[-1]
-    for point in points:  # the most kept tail whose estimate leaves room for the summary
+
+    def tail_tokens(point: int) -> float:  # the kept tail's estimate, at the prompt's density
         kept = cp.prompt_chars([*prefix, convo[0], *convo[point:]], request.tools)
-        if size * kept / chars <= room:
-            start = point
-            break
+        return size * kept / chars
+
+    agent = f"{rt.plan.batch_id}:{state.index}"
+    start = cp.summary_start(points, tail_tokens, room, tail_tokens(len(convo)),
+                             _STARTS.get(agent))
+    _remember(_STARTS, agent, start)
     older = convo[1:start]
     key = cp.summary_key(rt.plan.model, older)
     usage = Usage()
@@ -155,10 +162,16 @@ async def _summarized(rt: BatchRuntime, state: AgentState, request: ModelRequest
         summary, usage = await _summarize(rt, state, older, budget)
         if summary is None:
             return None
-        _SUMMARIES[key] = summary
-        while len(_SUMMARIES) > _MAX_SUMMARIES:
-            _SUMMARIES.popitem(last=False)
+        _remember(_SUMMARIES, key, summary)
     return cp.summary_view(convo, start, summary), usage
+
+
+def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Put ``key`` in a bounded per-process cache (the oldest entry goes first)."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _MAX_SUMMARIES:
+        cache.popitem(last=False)
 
 
 async def _summarize(rt: BatchRuntime, state: AgentState, older: list[Message],

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..model_io import Message, canonical_json
 from .schema_fill import fill_schema
-from .script import Script, ToolCallSpec, content_text, pending_round
+from .script import Script, ToolCallSpec, content_text, done_calls, pending_round
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ def turn_forms(schema: dict[str, Any] | None) -> TurnForms | None:
     """The forms of an agentbatch json-mode schema, or None for any other schema."""
     if not isinstance(schema, dict):
         return None
-    variants = schema.get("anyOf") if isinstance(schema.get("anyOf"), list) else [schema]
+    any_of = schema.get("anyOf")
+    variants = any_of if isinstance(any_of, list) else [schema]
     calls = final = None
     for variant in variants:
         array = _object_with(variant, "tool_calls", only=True)
@@ -65,7 +66,8 @@ def turn_forms(schema: dict[str, Any] | None) -> TurnForms | None:
             final = value
     if calls is None and final is None:
         return None
-    defs = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
+    found = schema.get("$defs")
+    defs = found if isinstance(found, dict) else {}
     return TurnForms(calls, final, defs)
 
 
@@ -121,7 +123,7 @@ def plan_json_turn(forms: TurnForms, script: Script, key: str,
     The script's next round is called while the schema allows calls; a turn that must call
     (no final form) and has no scripted call left calls the first tool, as a guided decoder
     would; otherwise the final answer."""
-    pending = pending_round(script, answered_in_text(messages))
+    pending = pending_round(script, answered_in_text(messages) + done_calls(script))
     calls = pending if forms.calls is not None else []
     if not calls and forms.final is None:
         forced = _first_call(forms, key)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model_io import Message
-from .json_turns import plan_json_turn, turn_forms
+from .json_turns import answered_in_text, plan_json_turn, turn_forms
 from .schema_fill import fill_schema
 from .script import (
     Reply,
@@ -16,10 +16,12 @@ from .script import (
     ToolCallSpec,
     answered_calls,
     content_text,
+    done_calls,
     emit_calls,
     parse_script,
     pending_round,
     sha1_hex,
+    summary_reply,
     user_texts,
 )
 
@@ -117,7 +119,11 @@ def plan_chat(body: dict[str, Any]) -> ChatPlan:
     if forms is not None:  # tool_calling="json": calls and results travel as text
         text, pending = plan_json_turn(forms, script, key, messages)
         return ChatPlan(key, script, Reply(text), pending)
-    answered = answered_calls(messages)
+    if not tools_allowed(body) and not request_schema(body)[1]:
+        summary = summary_reply("\n".join(texts), answered_in_text(messages))
+        if summary is not None:  # agentbatch's compaction asking for a summary
+            return ChatPlan(key, script, Reply(summary))
+    answered = answered_calls(messages) + done_calls(script)
     pending = pending_round(script, answered)
     if not pending and body.get("tool_choice") == "required" and tools_allowed(body):
         pending = [forced_call(body["tools"][0], key)]  # as vLLM's guided "required" would

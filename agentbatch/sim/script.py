@@ -21,6 +21,9 @@ _NAME = re.compile(r"\s*([A-Za-z0-9_.:\-]+)\s*")
 _FAIL_OPT = re.compile(r"^(times|retry_after)=(\S+)$")
 _ANSWER = re.compile(r"\s*@sim\s+answer(?: (.*))?$", re.DOTALL)
 _DECODER = json.JSONDecoder()
+# agentbatch's summary transcript (``orchestrator.compaction.transcript``): a call, a result.
+_CALLED = re.compile(r"^\[called ([A-Za-z0-9_.:\-]+)\((.*)\)\]$")
+_RESULT = "[tool result"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class Script:
     # ``@sim same_ids``: every call of a round carries the first call's id, as a buggy
     # server's tool parser can do (clients must still match each result to its call).
     same_ids: bool = False
+    # ``@sim done NAME {args}``: a call answered in a part of the conversation that a summary
+    # replaced (the simulator's summaries say so), counted as answered like a tool message.
+    done: list[ToolCallSpec] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # unparseable directive lines (ignored)
 
 
@@ -188,6 +194,8 @@ def parse_script(texts: Iterable[str]) -> Script:
                     script.fails.append(_parse_fail(rest, len(script.fails)))
                 elif verb == "same_ids":
                     script.same_ids = True
+                elif verb == "done":
+                    script.done.extend(_parse_calls(rest, many=False))
                 else:
                     raise ValueError(f"unknown directive {verb!r}")
             except ValueError as exc:
@@ -221,6 +229,32 @@ def answered_calls(messages: list[Message]) -> Counter[tuple[str, str]]:
             if key is not None:
                 answered[key] += 1
     return answered
+
+
+def done_calls(script: Script) -> Counter[tuple[str, str]]:
+    """(name, canonical args) of the calls a summary in the conversation says were answered."""
+    return Counter((call.name, call.args_json) for call in script.done)
+
+
+def summary_reply(transcript: str, answered: Counter[tuple[str, str]]) -> str | None:
+    """The simulator's summary of an agentbatch summary request: one ``@sim done`` line per
+    tool call the transcript shows answered (``[called NAME(ARGS)]`` lines, each paired in
+    order with a later ``[tool result`` line, plus ``answered``: json-mode result lines), so
+    the script, reading the summary in the next turn's task message, does not call them
+    again. None when the text shows no answered call (not a summary request)."""
+    calls: list[tuple[str, str]] = []
+    done: Counter[tuple[str, str]] = Counter(answered)
+    for line in transcript.splitlines():
+        called = _CALLED.match(line)
+        if called:
+            calls.append(_call_key({"name": called.group(1), "arguments": called.group(2)}))
+        elif line.startswith(_RESULT) and calls:
+            done[calls.pop(0)] += 1
+    if not done:
+        return None
+    lines = [f"{PREFIX} done {name} {args}" for (name, args), n in sorted(done.items())
+             for _ in range(n)]
+    return "Tool calls already made, with their results:\n" + "\n".join(lines)
 
 
 def pending_round(script: Script, answered: Counter[tuple[str, str]]) -> list[ToolCallSpec]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from agentbatch.errors import BatchSpecError
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 from agentbatch.sim.tokens import BLOCK_CHARS, BLOCK_TOKENS
+from agentbatch.state.keys import BatchKeys
+from tests.support.redis_monitor import MonitorRecorder
 
 CONTEXT = 8000  # the simulator's max_model_len, in its /tokenize tokens (code points)
 OUTPUT_CHARS = 1500
@@ -176,3 +179,122 @@ def small_sim_reset(server: SimServer) -> None:
     request = urllib.request.Request(f"{server.url}/sim/reset", data=b"", method="POST")
     with urllib.request.urlopen(request, timeout=30):
         pass
+
+
+# -- summarize -------------------------------------------------------------------------------
+# compaction="summarize" asks the model for a summary of the older turns and appends it to the
+# task message. The simulator's answer to such a request (agentbatch's transcript of calls and
+# results) lists the calls it saw as ``@sim done`` lines, so its script does not call them
+# again. ``chunk`` returns shorter outputs than ``big`` over more rounds, so one summary can
+# serve several turns; its counters go to the file named by $CTX_LOG (the simulator's URL in
+# $CTX_STATS_URL), which keeps the task's call lines, and so the prompt's fixed part, short.
+
+SUM_ROUNDS = 14
+SUM_OUTPUT_CHARS = 450
+SUM_ENV = ("CTX_STATS_URL", "CTX_LOG")
+
+
+@tool
+def chunk(n: int) -> str:
+    """A medium tool output; notes the simulator's counters so far in $CTX_LOG.
+
+    Args:
+        n: the call's number.
+    """
+    with urllib.request.urlopen(os.environ["CTX_STATS_URL"], timeout=30) as resp:
+        stats = json.load(resp)
+    with open(os.environ["CTX_LOG"], "a") as f:
+        f.write(json.dumps({"n": n, "requests": stats["requests_total"],
+                            "cached": stats["cached_tokens"]}) + "\n")
+    return f"output {n}: " + ("lorem ipsum " * 50)[:SUM_OUTPUT_CHARS]
+
+
+def _sum_env(server: SimServer, log: Path) -> dict[str, str]:
+    return {"CTX_STATS_URL": f"{server.url}/sim/stats", "CTX_LOG": str(log)}
+
+
+def _run_chunks(server: SimServer, log: Path, **options):
+    task = "Read the outputs.\n" + "".join(f'@sim tool chunk {{{{"n": {n}}}}}\n'
+                                           for n in range(1, SUM_ROUNDS + 1))
+    backend = "sim://" + server.url.split("://", 1)[1]
+    handle = submit_batch(task + "@sim answer done", [{}], system_prompt=SYSTEM, tools=[chunk],
+                          model="m", backend=backend, max_turns=SUM_ROUNDS + 2, max_tokens=64,
+                          warm_prefix=False, **options)
+    [result] = handle.wait(timeout=DEADLINE_S)
+    return result, handle
+
+
+def _check_summarized(server: SimServer, result, log: Path) -> int:
+    """The agent made every call once and answered; returns the summary requests made."""
+    assert result.ok, result.error
+    assert result.output == "done"
+    assert [c.arguments for c in result.tool_calls] == [{"n": n}
+                                                         for n in range(1, SUM_ROUNDS + 1)]
+    stats = _sim_stats(server)
+    assert stats["bad_requests"] == 0  # no prompt over the context reached the server
+    summaries = stats["requests_total"] - result.turns  # requests that were not agent turns
+    assert result.turns == SUM_ROUNDS + 1
+    assert summaries >= 1
+    # Per interval between tool runs: the model requests made (the agent's turn, and a
+    # summary request before it when one was made) and the cached tokens they got.
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    ends = [*rows, {"requests": stats["requests_total"], "cached": stats["cached_tokens"]}]
+    made = [b["requests"] - a["requests"] for a, b in itertools.pairwise([{"requests": 0}, *ends])]
+    cached = [b["cached"] - a["cached"] for a, b in itertools.pairwise([{"cached": 0}, *ends])]
+    assert sum(made) == stats["requests_total"] and set(made) <= {1, 2}, made
+    first_summary = made.index(2)
+    # Turns with no summary request in their interval are the agent's request alone: each
+    # after the first has the shared prefix from the cache, summarized turns included.
+    alone = [i for i, m in enumerate(made) if m == 1 and i > 0]
+    assert all(cached[i] >= PREFIX_CACHED for i in alone), (PREFIX_CACHED, made, cached)
+    assert any(i > first_summary for i in alone), made  # a summarized turn, measured alone
+    return summaries
+
+
+def test_embedded_summarize_fits_it_with_few_summary_calls_and_keeps_the_prefix_cached(
+        small_sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "plain.jsonl"
+    for name, value in _sum_env(small_sim, log).items():
+        monkeypatch.setenv(name, value)
+    plain, _ = _run_chunks(small_sim, log)
+    _check_overflow(small_sim, plain)
+    small_sim_reset(small_sim)
+    log = tmp_path / "summarized.jsonl"
+    monkeypatch.setenv("CTX_LOG", str(log))
+    result, _ = _run_chunks(small_sim, log, compaction="summarize")
+    summaries = _check_summarized(small_sim, result, log)
+    # A summary serves the turns after it until its kept tail no longer fits: fewer summary
+    # requests than turns past the threshold (one per turn before summary_start's margin).
+    assert summaries <= SUM_ROUNDS // 3, summaries
+
+
+@pytest.mark.redis
+def test_distributed_summarize_fits_it_and_the_stored_history_only_grows(
+        small_sim: SimServer, tmp_path: Path, redis_url: str, start_workers) -> None:
+    log = tmp_path / "counters.jsonl"
+    start_workers(1, env={**IMPORTS, **_sum_env(small_sim, log)})
+    plain, _ = _run_chunks(small_sim, log, redis_url=redis_url)
+    _check_overflow(small_sim, plain)
+    small_sim_reset(small_sim)
+    log.unlink()
+    with MonitorRecorder(redis_url) as monitor:
+        result, handle = _run_chunks(small_sim, log, redis_url=redis_url,
+                                     compaction="summarize", keep_transcript=True)
+    summaries = _check_summarized(small_sim, result, log)
+    # One worker keeps its summaries, as the embedded engine does (a worker that did not make
+    # an agent's last summary makes one more: see docs).
+    assert summaries <= SUM_ROUNDS // 3, summaries
+    # The agent's msgs list was only appended to: the summary is a view of each turn's
+    # prompt, never written back, and the kept conversation has every full tool output.
+    msgs = BatchKeys(handle.batch_id).messages(0).encode()
+    writes = {args[0].upper() for args in monitor.commands if len(args) > 1 and args[1] == msgs}
+    assert b"RPUSH" in writes and not writes & LIST_REWRITES, writes
+    outputs = [m["content"] for m in result.messages or [] if m.get("role") == "tool"]
+    assert outputs == [f"output {n}: " + ("lorem ipsum " * 50)[:SUM_OUTPUT_CHARS]
+                       for n in range(1, SUM_ROUNDS + 1)]
+    assert not any("agentbatch replaced" in json.dumps(m) for m in result.messages or [])
+
+
+# Redis commands that change or drop what a list already holds.
+LIST_REWRITES = {b"LSET", b"LTRIM", b"LREM", b"LPOP", b"RPOP", b"LINSERT", b"DEL", b"UNLINK",
+                 b"LMOVE", b"RENAME", b"SET"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -129,3 +130,49 @@ def test_check_compaction(compaction, threshold, error) -> None:
     with pytest.raises(BatchSpecError) as caught:
         cp.check_compaction(compaction, threshold)
     assert error in str(caught.value)
+
+
+def test_a_result_without_a_name_is_labelled_with_its_calls_tool() -> None:
+    messages = [{"role": "assistant", "content": None, "tool_calls": [call("c0", "grep")]},
+                {"role": "tool", "tool_call_id": "c0", "content": "3 hits"}]
+    assert "[tool result grep]\n3 hits" in cp.transcript(messages)
+
+
+# the prompt's size by where the kept tail starts; 100 of it is fixed (system, tools, task)
+TAILS = {1: 900.0, 3: 700.0, 5: 500.0, 7: 300.0, 9: 200.0}
+
+
+@pytest.mark.parametrize(("room", "previous", "start"), [
+    (1000, None, 5),  # new: the most kept tail within 100 + (1000 - 100) / 2 = 550
+    (1000, 3, 3),  # the last summary's start still fits: kept (its summary is reused)
+    (650, 3, 7),  # it no longer fits: a new start within 100 + (650 - 100) / 2 = 375
+    (1000, 4, 5),  # not a point of this history: a new start
+    (150, None, 9),  # nothing fits: the last point
+])
+def test_summary_start_keeps_its_start_while_it_fits_and_leaves_a_margin(
+        room: int, previous: int | None, start: int) -> None:
+    points = sorted(TAILS)
+    assert cp.summary_start(points, TAILS.__getitem__, room, 100, previous) == start
+
+
+def test_the_simulator_reads_the_summary_transcript_and_its_summary_marks_calls_done() -> None:
+    """The formats agree: the sim answers agentbatch's summary request with ``@sim done``
+    lines for the answered calls, which its script then counts as answered."""
+    from agentbatch.sim.script import done_calls, parse_script, summary_reply
+
+    older = [{"role": "assistant", "content": None,
+              "tool_calls": [{"id": "a", "function": {"name": "get", "arguments": '{"n": 1}'}},
+                             {"id": "b", "function": {"name": "get", "arguments": '{"n": 2}'}}]},
+             {"role": "tool", "tool_call_id": "a", "content": "one"},
+             {"role": "tool", "tool_call_id": "b", "content": "two"},
+             {"role": "assistant", "content": "thinking",
+              "tool_calls": [{"id": "c", "function": {"name": "get", "arguments": '{"n": 1}'}}]}]
+    request = cp.summary_request_messages(older)[1]["content"]
+    summary = summary_reply(request, Counter())
+    assert summary is not None
+    view = cp.summary_view([{"role": "user", "content": "task"}, *older, *older[-1:]], 5,
+                           summary)
+    done = done_calls(parse_script([view[0]["content"]]))
+    # the unanswered third call is not done
+    assert done == Counter({("get", '{"n":1}'): 1, ("get", '{"n":2}'): 1})
+    assert summary_reply("Summarize this:\n\n[user]\nhello", Counter()) is None
