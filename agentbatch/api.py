@@ -13,7 +13,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .errors import BatchSpecError, UnknownParameter
@@ -57,7 +57,7 @@ def _takes(params: Callable[P, BatchOptions]
         name = fn.__name__
         wrapper: Any  # a function that gets __signature__ and loses __wrapped__
         if inspect.iscoroutinefunction(fn):
-            async_fn = cast(Callable[[BatchOptions], Coroutine[Any, Any, Any]], fn)
+            async_fn = fn
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 return await async_fn(_options_for(name, args, kwargs))

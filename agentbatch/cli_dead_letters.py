@@ -53,7 +53,7 @@ def _when(at: object) -> str:
     if not isinstance(at, int | float) or isinstance(at, bool):
         return "?"
     try:
-        return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     except (OverflowError, OSError, ValueError):  # 1e300, nan, inf
         return "?"
 

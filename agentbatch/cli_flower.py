@@ -147,7 +147,8 @@ def flower(
         argv.append(f"--auth={auth}")
     typer.echo(f"Flower for {mask_url(redis_url)} on http://{address}:{port}", err=True)
     try:
-        code = celery_app.start(argv)
+        # (celery-types declares start() NoReturn; it returns the command's exit code)
+        code: int | None = celery_app.start(argv)
     except OSError as exc:  # taken between the check above and Flower's own bind
         if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             raise

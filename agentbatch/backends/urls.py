@@ -163,7 +163,7 @@ def parse_backend_url(
             f"unknown backend scheme {full_scheme!r} in {url!r}; known schemes: {_known()}"
             " (self-hosted ones also accept '+https', e.g. vllm+https://)"
         )
-    query_model = (query.get("model") or [None])[0] or None
+    query_model = (query.get("model") or [""])[0] or None
     stream = _parse_stream(url, query.get("stream"))
     if stream and base_scheme not in STREAMABLE_SCHEMES:
         raise BatchSpecError(

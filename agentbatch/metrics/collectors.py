@@ -68,7 +68,7 @@ class RedisGauges:
             for _q, _p, name in self.lists:
                 pipe.llen(name)
             for batch_id in batch_ids:
-                bid = batch_id.decode() if isinstance(batch_id, bytes) else batch_id
+                bid = batch_id.decode() if isinstance(batch_id, bytes) else str(batch_id)
                 pipe.hmget(BatchKeys(bid).meta, _META_FIELDS)
             replies = pipe.execute()
         except Exception as exc:  # Redis away: the scrape still answers, without these

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import BatchSpecError, ConfigError
@@ -47,7 +47,7 @@ def mark_process_dead(pid: int) -> None:
 class _Own:
     """This process's metric objects as one collector (the registry stays ours alone)."""
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterable[Any]:
         return metrics().registry.collect()
 
 

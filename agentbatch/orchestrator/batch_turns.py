@@ -30,7 +30,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..backends.base import Backend
 from ..backends.provider_batch import ItemError, ItemResult, ProviderBatchClient
@@ -180,7 +180,8 @@ class ProviderBatchTurns:
         self.stats["hedged"] += 1
         sync = asyncio.ensure_future(self.sync(request))
         try:
-            await asyncio.wait({future, sync}, return_when=asyncio.FIRST_COMPLETED)
+            racing: set[asyncio.Future[Any]] = {future, sync}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
             if future.done() and future.result().ok:
                 self.stats["hedge_won_by_batch"] += 1
                 return await self._settle(cid, request, future.result())

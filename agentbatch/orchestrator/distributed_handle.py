@@ -21,6 +21,7 @@ from ..results import AgentResult
 from ..state.connection import async_client, mask_url, sync_client
 from ..state.keys import BatchKeys
 from ..state.redis_store import CANCEL_GONE, cancel_batch
+from ..state.replies import range_entries, read_entries, str_hash, str_values
 from ..state.retention import delete_batch, missing_error, oom_error, out_of_memory
 from ..state.transcripts import aread_kept, read_kept
 from .agent_state import AgentStatus
@@ -127,7 +128,7 @@ class DistributedHandle(BatchHandle):
                                      reachable=False) from exc
                 time.sleep(0.5)
                 continue
-            entries = reply[0][1] if reply else []
+            entries = read_entries(reply)
             kept = read_kept(self._client, self.keys, entries)
             for entry_id, fields in entries:
                 cursor = self.cursor = entry_id
@@ -156,7 +157,7 @@ class DistributedHandle(BatchHandle):
             while True:
                 reply = await client.xread({self.keys.results: cursor}, count=_READ_COUNT,
                                            block=_BLOCK_MS)
-                entries = reply[0][1] if reply else []
+                entries = read_entries(reply)
                 kept = await aread_kept(client, self.keys, entries)
                 for entry_id, fields in entries:
                     cursor = self.cursor = entry_id
@@ -184,7 +185,8 @@ class DistributedHandle(BatchHandle):
         if not self._client.exists(self.keys.plan):
             raise self._lost("its state is no longer in Redis")
         seen, found, start = bytearray(self.total), [], "-"
-        while chunk := self._client.xrange(self.keys.results, min=start, count=_READ_COUNT):
+        while chunk := range_entries(self._client.xrange(self.keys.results, min=start,
+                                                          count=_READ_COUNT)):
             kept = read_kept(self._client, self.keys, chunk)
             found += [self._decode(f, kept) for _, f in chunk if self._first(seen, f)]
             start = "(" + chunk[-1][0]
@@ -193,7 +195,7 @@ class DistributedHandle(BatchHandle):
     # --- control --------------------------------------------------------------------------
 
     def status(self) -> dict[str, int]:
-        meta = self._client.hgetall(self.keys.meta)
+        meta = str_hash(self._client.hgetall(self.keys.meta))
         if not meta:
             raise self._lost("its state is no longer in Redis")
         counts = {k[2:]: int(v) for k, v in meta.items() if k.startswith("n:") and int(v)}
@@ -222,7 +224,7 @@ class DistributedHandle(BatchHandle):
         return self._progress.snapshot(self._meta)
 
     def _meta(self) -> dict[str, str]:
-        meta = self._client.hgetall(self.keys.meta)
+        meta = str_hash(self._client.hgetall(self.keys.meta))
         if not meta:
             raise self._lost("its state is no longer in Redis")
         return meta
@@ -231,11 +233,11 @@ class DistributedHandle(BatchHandle):
         """Agents the sweep re-sent that have not progressed since: their ``resends`` entry
         ("version:n") is still at their current version. Commits never clear the hash (one
         command less per transition), so it is compared here, where it is rare."""
-        resends = self._client.hgetall(self.keys.resends)
+        resends = str_hash(self._client.hgetall(self.keys.resends))
         if not resends:
             return 0
         indices = list(resends)
-        entries = self._client.hmget(self.keys.state, indices)
+        entries = str_values(self._client.hmget(self.keys.state, indices))
         return sum(1 for i, e in zip(indices, entries, strict=True)
                    if e is not None and resends[i].split(":", 1)[0] == e.partition(":")[0])
 

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from ..state.keys import BatchKeys
+from ..state.replies import range_entries, str_values
 from .progress import BatchProgress, Throughput, TokenCounts, eta, slowest
 
 _XRANGE_COUNT = 500
@@ -52,8 +53,8 @@ class DistributedProgress:
     def _read_results(self) -> None:
         while True:
             start = self._cursor if self._cursor == "-" else f"({self._cursor}"
-            entries = self.client.xrange(self.keys.results, min=start, max="+",
-                                         count=_XRANGE_COUNT)
+            entries = range_entries(self.client.xrange(self.keys.results, min=start, max="+",
+                                                       count=_XRANGE_COUNT))
             for entry_id, fields in entries:
                 self._cursor = entry_id
                 self._count(fields)
@@ -83,7 +84,7 @@ class DistributedProgress:
         held: dict[int, tuple[str, float]] = {}
         for at in range(0, len(live), _MGET_CHUNK):
             chunk = live[at:at + _MGET_CHUNK]
-            tokens = self.client.mget([self.keys.lease(i) for i in chunk])
+            tokens = str_values(self.client.mget([self.keys.lease(i) for i in chunk]))
             for index, token in zip(chunk, tokens, strict=True):
                 if token is not None:
                     known = self._leases.get(index)

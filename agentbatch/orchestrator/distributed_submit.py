@@ -184,7 +184,9 @@ def _commit(client: redis.Redis, k: BatchKeys, token: str, plan: BatchPlan,
     """Step 2: stage ``plan`` and ``meta`` (O(1)) and make the batch live, only if whole."""
     with client.pipeline(transaction=False) as p:
         p.set(k.staged(token, "plan"), plan.model_dump_json(), px=STAGING_TTL_MS)
-        p.hset(k.staged(token, "meta"), mapping=initial_meta(plan, retention_s))
+        # redis-py types hset's mapping with an invariant key type: it refuses dict[str, ...]
+        p.hset(k.staged(token, "meta"),
+               mapping=initial_meta(plan, retention_s))  # type: ignore[arg-type]
         p.pexpire(k.staged(token, "meta"), STAGING_TTL_MS)
         p.execute()
     _go_live(client, k, token, plan.total, running=True)
@@ -233,7 +235,9 @@ def write_batch(client: redis.Redis, plan: BatchPlan, compiled: CompiledBatch,
         keep = retention_ms(retention_s)
         with client.pipeline(transaction=False) as p:
             p.set(k.staged(token, "plan"), plan.model_dump_json(), px=keep)
-            p.hset(k.staged(token, "meta"), mapping=initial_meta(plan, retention_s))
+            # redis-py types hset's mapping with an invariant key type: it refuses dict[str, ...]
+            p.hset(k.staged(token, "meta"),
+                   mapping=initial_meta(plan, retention_s))  # type: ignore[arg-type]
             p.pexpire(k.staged(token, "meta"), keep)
             p.set(k.staged(token, "gone"), json.dumps(
                 {"reason": "expired", "finished_at_ms": now_ms(), "retention_ms": keep}),

@@ -89,7 +89,7 @@ def load_prices(value: Any, model: str | None) -> PriceTable | None:
         raise BatchSpecError(f"{where} must map model names to their prices, e.g. "
                              "{'my-model': {'prompt': 0.15, 'completion': 0.6}}, got "
                              f"{type(value).__name__ if value else repr(value)}")
-    if model not in value:
+    if model is None or model not in value:
         have = ", ".join(sorted(map(str, value)))[:300]
         raise BatchSpecError(f"{where} has no entry for the batch's model {model!r} "
                              f"(it has: {have})")

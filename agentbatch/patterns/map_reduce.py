@@ -127,8 +127,9 @@ def _chained(p: _Pipeline, url: str) -> tuple[list[AgentResult], Reduced]:
     with start_pipeline(pipeline, plan_task, list(plan_inputs), url) as handle:
         mapped, reduced = handle.wait()
     on_result = p.map_kwargs.get("on_result")
-    for result in mapped if on_result is not None else ():
-        on_result(result)
+    if on_result is not None:
+        for result in mapped:
+            on_result(result)
     return mapped, reduced
 
 

@@ -28,6 +28,7 @@ from ..results import AgentResult
 from ..state.connection import sync_client
 from ..state.keys import BatchKeys, PipelineKeys
 from ..state.redis_store import DEFAULT_RETENTION_S, retention_ms
+from ..state.replies import range_entries
 from .map_reduce import plan_map_inputs
 from .pipeline_error import PipelineError
 from .pipeline_spec import PipelineSpec, StageSpec
@@ -40,7 +41,7 @@ def stage_results(client: redis.Redis, batch_id: str) -> list[AgentResult]:
     """A finished batch's results in input order (one per agent: a result written twice
     after a failover counts once), read from its stream."""
     by_index: dict[int, AgentResult] = {}
-    for _, fields in client.xrange(BatchKeys(batch_id).results):
+    for _, fields in range_entries(client.xrange(BatchKeys(batch_id).results)):
         result = AgentResult.model_validate_json(fields["r"])
         by_index.setdefault(result.index, result)
     return [by_index[i] for i in sorted(by_index)]

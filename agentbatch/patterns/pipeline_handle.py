@@ -185,7 +185,7 @@ def new_pipeline_id(batch_id: str | None) -> str:
     return batch_id or f"pipe-{uuid.uuid4().hex}"
 
 
-def start_pipeline(spec: PipelineSpec, task: str, inputs: list[dict[str, Any]],
+def start_pipeline(spec: PipelineSpec, task: str, inputs: list[Any],
                    redis_url: str, **extra: Any) -> PipelineHandle:
     """Write ``spec`` (refused when the pipeline exists) and submit stage 0."""
     keep = retention_ms(WorkerSettings.from_env(redis_url).retention_s)

@@ -33,8 +33,9 @@ class BatchApiState:
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # id -> (object, content)
 
     def add_file(self, name: str, purpose: str, content: bytes) -> dict[str, Any]:
-        obj = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": len(content),
-               "created_at": int(time.time()), "filename": name, "purpose": purpose}
+        obj: dict[str, Any] = {
+            "id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": len(content),
+            "created_at": int(time.time()), "filename": name, "purpose": purpose}
         self.files[obj["id"]] = (obj, content)
         return obj
 
@@ -76,7 +77,8 @@ async def file_content(request: web.Request) -> web.Response:
     return web.Response(body=found[1], content_type="application/jsonl")
 
 
-def _parse_lines(content: bytes) -> tuple[list[tuple[str, dict[str, Any]]], list[dict]]:
+def _parse_lines(content: bytes) -> tuple[list[tuple[str, dict[str, Any]]],
+                                               list[dict[str, Any]]]:
     """(custom_id, body) per JSONL line, and the validation errors OpenAI would report."""
     requests: list[tuple[str, dict[str, Any]]] = []
     errors: list[dict[str, Any]] = []
@@ -99,11 +101,11 @@ def _parse_lines(content: bytes) -> tuple[list[tuple[str, dict[str, Any]]], list
             problem = f"method must be POST and url {CHAT_URL}"
         elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             problem = "body must be a chat completion request with messages"
-        if problem:
-            errors.append({"code": "invalid_request", "message": problem, "line": n})
-        else:
+        if problem is None and isinstance(cid, str) and isinstance(body, dict):
             seen.add(cid)
             requests.append((cid, body))
+        else:
+            errors.append({"code": "invalid_request", "message": problem, "line": n})
     if not requests and not errors:
         errors.append({"code": "empty_file", "message": "the input file has no requests",
                        "line": None})
@@ -164,7 +166,8 @@ def _openai_batch(api: BatchApiState, job: Job) -> dict[str, Any]:
     status = _openai_status(job, now)
     ended = job.ended_at(now)
     if ended is not None and not job.files and job.items:
-        good, bad = [], []
+        good: list[dict[str, Any]] = []
+        bad: list[dict[str, Any]] = []
         for item in job.items:
             outcome = job.outcome(item, now)
             (good if outcome == "succeeded" else bad).append(_openai_line(job, item, outcome))
@@ -256,7 +259,8 @@ def chat_body(params: dict[str, Any]) -> dict[str, Any]:
     if tools:
         body["tools"] = tools
         choice = (params.get("tool_choice") or {}).get("type")
-        body["tool_choice"] = {"any": "required", "none": "none"}.get(choice, "auto")
+        modes: dict[object, str] = {"any": "required", "none": "none"}
+        body["tool_choice"] = modes.get(choice, "auto")
     return body
 
 

@@ -17,6 +17,7 @@ import redis
 
 from ..errors import BatchExpired, BatchSpecError, ConfigError, RedisOutOfMemory
 from .keys import ACTIVE_BATCHES, PREFIX, TOMBSTONE_S, WATCH, BatchKeys
+from .replies import str_hash
 
 OOM_PROBE = f"{PREFIX}:oom:probe"  # a tiny write that Redis refuses exactly when workers' are
 _UNLINK_CHUNK = 500
@@ -86,7 +87,7 @@ def delete_batch(client: redis.Redis, batch_id: str, *, force: bool = False) -> 
 
 def _delete_batch(client: redis.Redis, batch_id: str, *, force: bool) -> int:
     k = BatchKeys(batch_id)
-    meta = client.hgetall(k.meta)
+    meta = str_hash(client.hgetall(k.meta))
     if not meta and not client.exists(k.plan, k.state):
         gone = missing_error(client, batch_id)
         if gone is not None:

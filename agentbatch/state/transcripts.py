@@ -11,16 +11,14 @@ fetches the kept lists of the entries it got in one pipelined round trip.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from ..orchestrator.agent_state import AgentState
 from .keys import BatchKeys
 from .redis_store import with_messages
+from .replies import Entries
 
 KEPT_FIELD = "m"  # in a results-stream entry: "1" when the agent's msgs list was kept
-
-Entries = Sequence[tuple[str, dict[str, str]]]  # (stream id, fields), as XREAD returns them
 
 
 def kept_indices(entries: Entries) -> list[int]:

@@ -27,7 +27,7 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pydantic_core
 from pydantic import BaseModel
@@ -98,7 +98,8 @@ class ToolPool:
         self._fleet_cache: ResultCache = fleet_cache if fleet_cache is not None else _PROCESS_CACHE
         # rate limits: an in-process bucket per tool unless ``bucket_factory`` (distributed
         # workers: one bucket in Redis per tool, shared by the fleet) says otherwise
-        make = bucket_factory or (lambda t: TokenBucket(t.rate_limit))
+        # (only tools with a rate limit get a bucket: ``t.rate_limit`` is set there)
+        make = bucket_factory or (lambda t: TokenBucket(cast(float, t.rate_limit)))
         self._buckets = {t.name: make(t) for t in self._tools.values() if t.rate_limit}
         self._stats: dict[str, dict[str, int]] = {}
 
@@ -343,5 +344,8 @@ def _describe(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {text}" if text else f"error: {type(exc).__name__}"
 
 
-def _timeout_message(name: str, seconds: float) -> str:
+def _timeout_message(name: str, seconds: float | None) -> str:
+    """``seconds`` is None when no timeout applied and the tool raised TimeoutError itself."""
+    if seconds is None:
+        return f"error: tool {name!r} timed out"
     return f"error: tool {name!r} timed out after {seconds:g}s"

@@ -128,7 +128,7 @@ async def resolve_checked(url: httpx.URL, allow: Allowlist) -> _IP:
             host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
         raise ToolError(f"http_get: cannot resolve {host!r}: {exc}") from None
-    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
     if not addresses:
         raise ToolError(f"http_get: {host!r} has no address")
     for address in addresses:  # all of them: a mixed answer must not pass half-checked

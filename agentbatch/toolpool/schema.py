@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -111,7 +111,7 @@ def build_arg_spec(fn: Callable[..., Any], *, name: str,
     fields: dict[str, Any] = {}
     params: list[tuple[str, str]] = []
     context_param: str | None = None
-    extra = "forbid"
+    extra: Literal["allow", "forbid"] = "forbid"
     for param in sig.parameters.values():
         if param.kind is param.VAR_POSITIONAL:
             continue  # never filled: the model only sends keyword arguments

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from ..state.keys import DEAD_LETTERS
+from ..state.replies import str_list
 
 MAX_LETTERS = 1000  # the list is trimmed to the newest this many
 RAW_KEEP = 64 * 1024  # characters of the raw item kept per letter
@@ -56,7 +57,7 @@ def list_letters(client: redis.Redis, limit: int = MAX_LETTERS) -> list[dict[str
 
 def drop(client: redis.Redis, letter_id: str) -> bool:
     """Remove the letter with ``letter_id``; False if there is none."""
-    for item in client.lrange(DEAD_LETTERS, 0, -1):
+    for item in str_list(client.lrange(DEAD_LETTERS, 0, -1)):
         try:
             letter = json.loads(item)
         except ValueError:

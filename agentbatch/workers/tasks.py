@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
-from celery import signals
+from celery import Task, signals
 
 from . import kombu_client_cache, loop, oom
 from .app import PIPELINE_TASK, SWEEP_TASK, TOOL_TASK, TURN_TASK, app
@@ -25,14 +26,14 @@ kombu_client_cache.install()
 
 
 @app.task(name=TURN_TASK, bind=True)
-def turn_task(self, batch_id: str, index: int, version: int, turn: int = 0) -> None:
+def turn_task(self: Task[Any, Any], batch_id: str, index: int, version: int, turn: int = 0) -> None:
     """One model turn of agent ``index`` at ``version`` (``turn`` is for people reading Flower)."""
     followups = loop.run(run_turn(worker_context(), batch_id, index, version))
     publish(self.app, followups)
 
 
 @app.task(name=TOOL_TASK, bind=True)
-def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
+def tool_task(self: Task[Any, Any], batch_id: str, index: int, version: int, call_id: str,
               tool: str = "", calls: int = 0) -> None:
     """One tool call of agent ``index`` at ``version`` (``tool`` names it, for Flower too;
     ``calls`` is the round's size, 0 when unknown)."""
@@ -42,7 +43,7 @@ def tool_task(self, batch_id: str, index: int, version: int, call_id: str,
 
 
 @app.task(name=PIPELINE_TASK, bind=True)
-def pipeline_task(self, pipeline: str, stage: int) -> str:
+def pipeline_task(self: Task[Any, Any], pipeline: str, stage: int) -> str:
     """Stage ``stage`` of a chained pipeline finished (its last commit sent this): submit the
     next stage once, or end the pipeline (``patterns/pipeline_chain.py``)."""
     from ..patterns.pipeline_chain import stage_finished
@@ -52,7 +53,7 @@ def pipeline_task(self, pipeline: str, stage: int) -> str:
 
 
 @app.task(name=SWEEP_TASK, bind=True)
-def sweep_task(self) -> int:
+def sweep_task(self: Task[Any, Any]) -> int:
     """Run one recovery sweep now (the workers also sweep on a timer)."""
     return loop.run(sweep_once(worker_context()))
 

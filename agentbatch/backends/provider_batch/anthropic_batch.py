@@ -53,8 +53,8 @@ class AnthropicBatchClient(ProviderBatchClient):
             raise ServerError(f"{self.name}: a message batch without an id: {str(body)[:200]}",
                               status=200)
         status = str(body.get("processing_status"))
-        counts = body.get("request_counts") if isinstance(body.get("request_counts"), dict) \
-            else {}
+        found = body.get("request_counts")
+        counts = found if isinstance(found, dict) else {}
         return BatchState(id=body["id"], status=status, ended=status == "ended",
                           counts={k: int(v) for k, v in counts.items() if isinstance(v, int)})
 
@@ -72,7 +72,7 @@ class AnthropicBatchClient(ProviderBatchClient):
     def _item(self, line: dict[str, Any]) -> ItemResult:
         cid, result = line["custom_id"], line.get("result")
         kind = result.get("type") if isinstance(result, dict) else None
-        if kind == "succeeded":
+        if kind == "succeeded" and isinstance(result, dict):
             try:
                 return ItemResult(cid, response=parse_response(result.get("message"),
                                                                who=self.name))

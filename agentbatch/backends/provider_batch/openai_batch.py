@@ -76,8 +76,8 @@ class OpenAIBatchClient(ProviderBatchClient):
             raise ServerError(f"{self.name}: a batch object without an id: {str(body)[:200]}",
                               status=200)
         status = str(body.get("status"))
-        counts = body.get("request_counts") if isinstance(body.get("request_counts"), dict) \
-            else {}
+        found = body.get("request_counts")
+        counts = found if isinstance(found, dict) else {}
         return BatchState(id=body["id"], status=status, ended=status in ENDED,
                           counts={k: int(v) for k, v in counts.items() if isinstance(v, int)})
 
