@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
@@ -27,7 +27,8 @@ def _flags_take_no_value() -> None:
     if getattr(shown, "_agentbatch_flags", False):
         return
 
-    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+    # (ctx: typer's vendored click.Context, from a private module)
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag and self.metavar is None else shown(self, ctx)
 
     display_type_rich._agentbatch_flags = True  # type: ignore[attr-defined]

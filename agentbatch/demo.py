@@ -81,5 +81,5 @@ def run_demo(agents: int = 100, fixed_ms: float = 60.0,
         "prompt_tokens": sum(r.usage.prompt_tokens for r in results),
         "cached_tokens": sum(r.usage.cached_tokens for r in results),
         "first": results[0].output.model_dump() if results and results[0].ok else None,
-        "errors": [r.error.model_dump() for r in results if not r.ok][:3],
+        "errors": [r.error.model_dump() for r in results if not r.ok and r.error][:3],
     }

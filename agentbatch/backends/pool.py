@@ -211,7 +211,8 @@ class EndpointPool(Backend):
         call = asyncio.ensure_future(ep.backend.complete(request))
         try:
             while True:
-                done, _ = await asyncio.wait({call, gone}, timeout=self.stall_check_s,
+                racing: set[asyncio.Future[Any]] = {call, gone}
+                done, _ = await asyncio.wait(racing, timeout=self.stall_check_s,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if call in done:
                     return call.result()

@@ -332,8 +332,9 @@ def _sentinel_args(url: str, options: dict[str, Any], retry_class: type[Any]
         primary["username"] = parsed.username
     if parsed.password is not None:
         primary["password"] = parsed.password
-    sentinels = {k: options[k] for k in ("socket_connect_timeout", "socket_keepalive")
-                 if k in options}
+    sentinels: dict[str, Any] = {k: options[k]
+                                 for k in ("socket_connect_timeout", "socket_keepalive")
+                                 if k in options}
     sentinels["socket_timeout"] = _SENTINEL_QUERY_TIMEOUT_S
     return parsed, primary, sentinels
 

@@ -92,8 +92,9 @@ def _only_agentbatch_tasks(sender: Celery, **_: Any) -> None:
 
     Anyone who can LPUSH to a queue could otherwise make workers run them; we use none, so a
     worker accepts only ``agentbatch.*`` tasks and discards any other as unregistered."""
-    for name in [n for n in sender._tasks if not n.startswith("agentbatch.")]:
-        sender._tasks.unregister(name)
+    registry = sender._tasks  # type: ignore[attr-defined]  # private; celery-types omits it
+    for name in [n for n in registry if not n.startswith("agentbatch.")]:
+        registry.unregister(name)
 
 
 # Celery's loggers of the two INFO lines it writes per task ("received", "succeeded in").

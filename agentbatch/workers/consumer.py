@@ -10,6 +10,7 @@ instead. Flower and ``celery events`` read those unchanged; they see each event 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .poison import Consumer as PoisonGuardConsumer
@@ -21,8 +22,12 @@ class Consumer(PoisonGuardConsumer):
     """``worker_consumer`` for agentbatch workers (see the module docstring)."""
 
     _flush_timer: Any = None
+    # Celery's consumer sets these; celery-types does not declare them (annotations only).
+    hub: Any
+    _flush_events: Callable[[], None]
 
-    def on_send_event_buffered(self) -> None:
+    # (celery-types says this returns a Callable; Celery's own returns None, as this does)
+    def on_send_event_buffered(self) -> None:  # type: ignore[override]
         if self.hub is None:
             return
         if self._flush_timer is None:

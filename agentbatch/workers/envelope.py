@@ -48,13 +48,14 @@ def envelope(app: Celery, task: str, args: list[object], queue: str,
              priority: int, countdown: float | None = None) -> tuple[str, str]:
     """(Redis list key, JSON payload) for one task message; ``countdown`` delays it."""
     task_id = str(uuid.uuid4())
-    message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={}, countdown=countdown,
-                                  argsrepr=args_repr(task, args), kwargsrepr="{}")
+    # (celery-types says args is a tuple; any sequence serializes to the same JSON list)
+    message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={},  # type: ignore[arg-type]
+                                  countdown=countdown, argsrepr=args_repr(task, args),
+                                  kwargsrepr="{}")
     content_type, content_encoding, body = dumps(message.body, serializer="json")
-    if isinstance(body, str):
-        body = body.encode(content_encoding or "utf-8")
+    raw = body.encode(content_encoding or "utf-8") if isinstance(body, str) else body
     payload = {
-        "body": base64.b64encode(body).decode(),
+        "body": base64.b64encode(raw).decode(),
         "content-encoding": content_encoding,
         "content-type": content_type,
         "headers": message.headers,

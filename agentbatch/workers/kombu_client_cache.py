@@ -15,7 +15,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 
 _ATTR = "_agentbatch_sync_client"
-_original = kombu_redis.Channel._create_client
+_original = kombu_redis.Channel._create_client  # type: ignore[attr-defined]  # private; not in celery-types
 
 
 def _create_client(self: Any, asynchronous: bool = False) -> Any:
@@ -28,4 +28,4 @@ def _create_client(self: Any, asynchronous: bool = False) -> Any:
 
 
 def install() -> None:
-    kombu_redis.Channel._create_client = _create_client  # type: ignore[method-assign]
+    kombu_redis.Channel._create_client = _create_client  # type: ignore[attr-defined]  # (as above)

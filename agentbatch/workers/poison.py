@@ -132,8 +132,9 @@ def _dead_letter(client: Any, queue: str, raw: bytes | str, reason: str) -> None
               "dead-letter list (see `agentbatch dead-letters ls`)", letter["id"], queue, reason)
 
 
-def _guarded_brpop_read(self: kombu_redis.Channel, **options: Any) -> bool:
-    """kombu 5.7's ``Channel._brpop_read`` with :func:`check_raw` before delivery."""
+def _guarded_brpop_read(self: Any, **options: Any) -> bool:
+    """kombu 5.7's ``Channel._brpop_read`` with :func:`check_raw` before delivery. (``self``
+    is a ``kombu_redis.Channel``; the private parts used here are not in celery-types.)"""
     try:
         try:
             dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
@@ -165,7 +166,7 @@ def install_channel_guard() -> None:
     The channel binds ``handlers['BRPOP']`` when it is created, so this must run before the
     worker connects (``Consumer.__init__`` does it).
     """
-    kombu_redis.Channel._brpop_read = _guarded_brpop_read  # type: ignore[method-assign]
+    kombu_redis.Channel._brpop_read = _guarded_brpop_read  # type: ignore[attr-defined]  # private
     kombu_redis.Channel.Message = GuardedMessage
 
 
@@ -178,7 +179,9 @@ class Consumer(CeleryConsumer):
 
     def create_task_handler(self, promise: Any = promise) -> Callable[[Any], Any]:
         handle = super().create_task_handler(promise)
-        passthrough = tuple(self.connection_errors) + tuple(self.channel_errors)
+        # (set by Celery's Connection bootstep; not in celery-types)
+        passthrough = (tuple(self.connection_errors)  # type: ignore[attr-defined]
+                       + tuple(self.channel_errors))  # type: ignore[attr-defined]
 
         def on_task_received(message: Any) -> Any:
             problem = task_problem(message)

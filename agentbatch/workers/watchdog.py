@@ -104,7 +104,8 @@ def _exec_self() -> None:
         log.warning("could not list pool children before re-exec", exc_info=True)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    close_open_fds([sys.__stdin__, sys.__stdout__, sys.__stderr__])
+    # (celery-types says a set of fds; celery takes files too, through maybe_fileno)
+    close_open_fds([sys.__stdin__, sys.__stdout__, sys.__stderr__])  # type: ignore[arg-type]
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
