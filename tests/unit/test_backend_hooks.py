@@ -134,9 +134,13 @@ def closed_port() -> int:
 
 
 async def test_the_pool_calls_its_endpoints_hooks(hook_log: Path, sim_url: str) -> None:
-    dead = RecordingBackend(f"sim://127.0.0.1:{closed_port()}")
+    dead_port = closed_port()
+    dead = RecordingBackend(f"sim://127.0.0.1:{dead_port}")
     pool = EndpointPool([dead, RecordingBackend(sim_url)], eject_after=1, probe_interval_s=0.05)
-    request = ModelRequest(model="m", agent_key="a",
+    # an agent whose home (rendezvous hashing over the endpoints' random ports) is the dead one
+    key = next(k for k in (f"agent{i}" for i in range(1000))
+               if str(dead_port) in (pool.endpoint_for(k) or ""))
+    request = ModelRequest(model="m", agent_key=key,
                            messages=[{"role": "user", "content": "@sim answer ok\nThanks."}])
     try:
         with pytest.raises(BackendUnavailable):
