@@ -152,11 +152,13 @@ async def test_affinity_keeps_an_agent_on_its_endpoint(servers: tuple[Server, Se
 
 
 async def test_ejection_readmission_and_moving_agents(servers: tuple[Server, Server]) -> None:
-    _a, b = servers
+    a, b = servers
     pool = make_pool(servers, eject_after=2, probe_interval_s=0.05)
     backend = RetryingBackend(pool, RetryPolicy(attempts=4), sleep=no_sleep)
     try:
-        agents = [f"agent{i}" for i in range(6)]
+        # agents homed on each server by construction (homes hash the random ports)
+        agents = homed(pool, a, 3) + homed(pool, b, 3)
+        fresh = homed(pool, b, 4)
         for agent in agents:
             await backend.complete(req(agent))
         on_b = [ag for ag in agents if ag in b.agents]
@@ -178,9 +180,9 @@ async def test_ejection_readmission_and_moving_agents(servers: tuple[Server, Ser
         b.agents.clear()
         await b.start()  # back on the same port
         await wait_until(lambda: not pool.stats()[name_b]["ejected"], "re-admission")
-        for i in range(4):
-            await backend.complete(req(f"fresh{i}"))
-        assert b.agents  # new agents reach B again
+        for agent in fresh:
+            await backend.complete(req(agent))
+        assert b.agents  # agents homed on B reach it again
         assert pool.stats()[name_b]["ejections"] == 1
     finally:
         await backend.aclose()
