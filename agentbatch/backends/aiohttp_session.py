@@ -79,11 +79,12 @@ class AiohttpSession:
                                         declared=resp.content_length, truncate=truncate)
 
     async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str],
-                        timeout: float) -> Any:
-        """POST ``body``; the decoded JSON reply, or the mapped ``BackendError``."""
+                        timeout: float, *, model_request: bool = True) -> Any:
+        """POST ``body``; the decoded JSON reply, or the mapped ``BackendError``.
+        ``requests_sent`` counts model requests only (not ``/tokenize`` and the like)."""
         payload = encode_json(body, self.who)
         headers = {"Content-Type": "application/json", **headers}
-        self.requests_sent += 1
+        self.requests_sent += model_request
         with self._mapped(timeout):
             async with self.session().post(self.base_url + path, data=payload, headers=headers,
                                            timeout=self._timeout(timeout),

@@ -99,16 +99,18 @@ class HttpSession:
                                         truncate=truncate)
 
     async def post_json(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+        self, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float,
+        *, model_request: bool = True,
     ) -> Any:
         """POST ``body``; the decoded JSON reply, or the mapped ``BackendError``.
 
-        ``timeout`` bounds the whole exchange, not just each socket read.
+        ``timeout`` bounds the whole exchange, not just each socket read. ``requests_sent``
+        counts model requests only (not ``/tokenize`` and the like).
         """
         payload = encode_json(body, self.who)
         headers = {"Content-Type": "application/json", **headers}
         client = self.client()
-        self.requests_sent += 1
+        self.requests_sent += model_request
         request = client.build_request(
             "POST", self.base_url + path, content=payload, headers=headers,
             timeout=self._per_op(timeout),

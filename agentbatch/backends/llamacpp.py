@@ -293,7 +293,8 @@ class LlamaCppBackend(OpenAICompatBackend):
         return await self._apply_template_body({"messages": messages})
 
     async def _apply_template_body(self, request: dict[str, Any]) -> str:
-        body = await self._session.post_json("/apply-template", request, {}, PROPS_TIMEOUT_S)
+        body = await self._session.post_json("/apply-template", request, {}, PROPS_TIMEOUT_S,
+                                             model_request=False)
         prompt = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(prompt, str):
             raise ServerError(f"{self.name}: /apply-template returned no prompt", status=200)

@@ -320,7 +320,8 @@ class OpenAICompatBackend(Backend):
     async def _post_count(self, path: str, body: dict[str, Any]) -> int | None:
         """The token count of ``POST path``; an endpoint that refuses stops being asked."""
         try:
-            reply = await self._session.post_json(path, body, {}, CONTEXT_TIMEOUT_S)
+            reply = await self._session.post_json(path, body, {}, CONTEXT_TIMEOUT_S,
+                                                  model_request=False)
         except BackendError as exc:
             if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                 log.info("%s: %s answered HTTP %s: prompt sizes are estimated", self.name,

@@ -50,7 +50,7 @@ class VLLMBackend(OpenAICompatBackend):
     async def _post(self, path: str, body: dict[str, Any], key: str, model: str) -> Any:
         """``body[key]`` of vLLM's answer to ``POST path``; ``ServerError`` if it is missing."""
         reply = await self._session.post_json(path, {"model": model, **body}, {},
-                                              TEMPLATE_TIMEOUT_S)
+                                              TEMPLATE_TIMEOUT_S, model_request=False)
         value = reply.get(key) if isinstance(reply, dict) else None
         if value is None:
             raise ServerError(f"{self.name}: POST {path} answered without {key!r}: "

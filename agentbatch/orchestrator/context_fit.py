@@ -34,6 +34,9 @@ ROUNDS = 4  # truncation rounds, each cutting more, before the prompt is declare
 SUMMARY_MAX_TOKENS = 1024
 _SUMMARIES: OrderedDict[str, str] = OrderedDict()  # summary_key -> text, this process
 _MAX_SUMMARIES = 256
+# backend|system message+tools -> the server's token count of them, this process
+_PREFIXES: OrderedDict[str, int] = OrderedDict()
+_MAX_PREFIXES = 64
 # batch:index -> where the agent's last summary ended, this process: a later turn keeps it
 # while it fits, so its summary is reused (``compaction.summary_start``). A worker that did not
 # make it summarizes once more, then reuses its own.
@@ -95,11 +98,15 @@ async def _budget(rt: BatchRuntime, request: ModelRequest) -> _Budget | None:
 
 async def measure(backend: Backend, messages: list[Message], tools: list[dict[str, Any]],
                   limit: int) -> tuple[int, Count]:
-    """The prompt's size: its byte bound when that is within ``limit`` (no IO), else the
-    server's count, else an estimate."""
+    """The prompt's size: its byte bound when that is within ``limit`` (no IO), else the same
+    bound with the shared prefix counted by the server once per process, else the server's
+    count of the whole prompt, else an estimate."""
     bound = cp.token_upper_bound(messages, tools)
     if bound <= limit:
         return bound, "estimated"
+    rest = await _bound_past_prefix(backend, messages, tools)
+    if rest is not None and rest <= limit:
+        return rest, "estimated"
     try:
         counted = await backend.count_tokens(messages, tools or None)
     except Exception:  # counting is advisory: a failure must not end the agent
@@ -108,6 +115,33 @@ async def measure(backend: Backend, messages: list[Message], tools: list[dict[st
     if counted is not None:
         return counted, "counted"
     return cp.estimate_tokens(messages, tools), "estimated"
+
+
+async def _bound_past_prefix(backend: Backend, messages: list[Message],
+                             tools: list[dict[str, Any]]) -> int | None:
+    """An upper bound with the system message and tools counted by the server (once per
+    prefix and process: every agent of a batch shares them) and the rest bounded by its
+    bytes. The byte bound alone counts a schema-heavy prefix several times over, which sent
+    two extra requests (/apply-template, /tokenize) with nearly every llama.cpp turn."""
+    if len(messages) < 2 or messages[0].get("role") != "system":
+        return None
+    head = messages[:1]
+    key = f"{backend.name}|{cp.canonical_json([head, tools])}"
+    counted = _PREFIXES.get(key)
+    if counted is None:
+        try:
+            counted = await backend.count_tokens(head, tools or None)
+        except Exception:  # counting is advisory: the caller counts the whole prompt
+            log.debug("%s: counting the shared prefix failed", backend.name, exc_info=True)
+            return None
+        if counted is None:
+            return None
+        _PREFIXES[key] = counted
+        while len(_PREFIXES) > _MAX_PREFIXES:
+            _PREFIXES.popitem(last=False)
+    else:
+        _PREFIXES.move_to_end(key)
+    return counted + cp.token_upper_bound(messages[1:])
 
 
 async def _compact(rt: BatchRuntime, state: AgentState, request: ModelRequest, budget: _Budget,
