@@ -61,8 +61,10 @@ async def test_a_freed_slot_goes_to_the_waiter_with_fewest_turns_left(client: An
             order.append(name)
             await asyncio.sleep(0.05)
 
-    first_turns = [asyncio.create_task(turn(f"first-{i}", 3)) for i in range(3)]
-    await until(lambda: _queued(client, s, 3))
+    first_turns = []
+    for i in range(3):  # one at a time, so the order they arrive in is known
+        first_turns.append(asyncio.create_task(turn(f"first-{i}", 3)))
+        await until(lambda n=i + 1: _queued(client, s, n))
     next_turn = asyncio.create_task(turn("next-turn", 1))  # arrives last, nearer done
     await until(lambda: _queued(client, s, 4))
     await s.release("holder")
