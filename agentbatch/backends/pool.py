@@ -17,7 +17,8 @@ makes it suspect for ``probe_interval_s``: it comes last in routing, so a retry 
 at once, and a slow server stops receiving turns while it is slow.
 
 The pool never retries by itself: the ``RetryingBackend`` around it does, and each retry is
-routed afresh.
+routed afresh. With a ``hedger`` (``hedge_after=``, ``hedge.py``) a turn in flight past the
+hedging bar is also sent to a second endpoint, and the first answer wins.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpec
 from ..model_io import Message, ModelRequest, ModelResponse
 from .affinity import load_bound, rank
 from .base import Backend, ServerLoad
+from .hedge import Attempt, Hedger
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class EndpointPool(Backend):
         self._moves: Counter[str] = Counter()
         self._turn = 0
         self._closed = False
+        self.hedger: Hedger | None = None  # set by ``hedge.enable_hedging``
 
     @property
     def backends(self) -> list[Backend]:
@@ -187,6 +190,37 @@ class EndpointPool(Backend):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         ep = self._route(request.agent_key)
+        if self.hedger is None:
+            return await self._attempt(ep, request)
+        return await self.hedger.race(
+            Attempt(ep.name, lambda: self._attempt(ep, request)),
+            lambda bar: self._hedge_to(ep, request, bar))
+
+    def _hedge_to(self, ep: _Endpoint, request: ModelRequest, bar: float) -> Attempt | None:
+        """The second request of a turn in flight on ``ep`` past ``bar``: to an admitted
+        endpoint other than ``ep`` whose own p95 (where known) is under the bar, suspect ones
+        last, then the fewest in flight, ties by the agent's ranking; None if there is none."""
+        assert self.hedger is not None
+        hedger = self.hedger
+        order = rank(request.agent_key, self._names) if request.agent_key else []
+        place = {i: n for n, i in enumerate(order)}
+
+        def quick(i: int) -> bool:
+            known = hedger.endpoint_p95(self._eps[i].name)
+            return known is None or known < bar
+
+        choices = [i for i, other in enumerate(self._eps)
+                   if other is not ep and not other.ejected and quick(i)]
+        if not choices:
+            return None
+        best = min(choices, key=lambda i: (self._suspect(self._eps[i]),
+                                           self._eps[i].outstanding, place.get(i, i)))
+        target = self._eps[best]
+        return Attempt(target.name, lambda: self._attempt(target, request))
+
+    async def _attempt(self, ep: _Endpoint, request: ModelRequest) -> ModelResponse:
+        """One request of a turn on ``ep``, counted in its load and health (a request
+        cancelled because the other of a hedged pair answered first counts as neither)."""
         ep.outstanding += 1
         ep.requests += 1
         try:
@@ -358,6 +392,10 @@ class EndpointPool(Backend):
             waiting=sum(x.waiting for x in found),
             prefix_cache_hit_rate=sum(rates) / len(rates) if rates else None,
         )
+
+    def hedge_stats(self) -> dict[str, Any] | None:
+        """The ``Hedger``'s counters (``hedge.py``); None without ``hedge_after``."""
+        return self.hedger.stats() if self.hedger is not None else None
 
     def stats(self) -> dict[str, dict[str, int | bool]]:
         """Per endpoint: requests, errors, ejections, outstanding, ejected."""

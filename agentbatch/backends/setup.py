@@ -127,14 +127,16 @@ def endpoints(backend: Backend) -> list[Backend]:
 def pool_stats(backend: Backend) -> dict[str, object] | None:
     """Routing counters of the ``EndpointPool`` under the wrapping layers, for
     ``handle.stats()["pool"]``: per endpoint (requests, errors, ejections, ejected) and the
-    turns moved off their agent's home endpoint (``EndpointPool.moves``); None for one URL."""
+    turns moved off their agent's home endpoint (``EndpointPool.moves``), and with
+    ``hedge_after`` the hedging counters (``hedge.Hedger.stats``); None for one URL."""
     from .pool import EndpointPool
 
     while isinstance(backend, BackendWrapper):
         backend = backend.inner
     if not isinstance(backend, EndpointPool):
         return None
-    return {"endpoints": backend.stats(), "moves": backend.moves()}
+    return {"endpoints": backend.stats(), "moves": backend.moves(),
+            "hedge": backend.hedge_stats()}
 
 
 def inflight_hint(backend: Backend) -> int | None:

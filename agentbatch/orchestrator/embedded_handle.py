@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..backends.base import Backend
+from ..backends.hedge import enable_hedging
 from ..backends.provider_batch import batch_client
 from ..backends.setup import (
     endpoints,
@@ -69,6 +70,7 @@ class EmbeddedHandle(BatchHandle):
             serve_embedded(self.opts.metrics_port)
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                batch_prompting=plan.batch_prompting)
+        enable_hedging(backend, self.opts.hedge_after)  # validated: a pool of >= 2
         provider = None
         try:  # the checkpoint first: a bad checkpoint_dir is refused before any request
             self._checkpoint, resumed = await open_for_batch(self.compiled, self.opts)

@@ -119,6 +119,14 @@ class BatchOptions:
         '> 0). Required by ``pricing="auto"``; with ``"batch"`` it bounds the wait on a '
         "provider batch (a failed or expired one falls back to the sync API only while the "
         'deadline allows). Not taken with ``pricing="sync"``.'))
+    hedge_after: float | None = field(default=None, metadata=_doc(
+        "with a pool of >= 2 endpoints (``backend=[url, url, ...]``): a model turn in flight "
+        "longer than this multiple of the running p95 turn latency (finite, > 1) is sent "
+        "again to another endpoint; the first answer is used, the other request cancelled, "
+        "and the turn applied once. The p95 is the typical endpoint's (the median over "
+        "endpoints of each one's p95 over its last 200 answers), known once an endpoint has "
+        "answered 20 turns; counters in ``handle.stats()['pool']['hedge']`` "
+        "(docs/backends.md). Embedded engine only for now."))
     keep_transcript: bool = field(default=False, metadata=_doc(
         "put each agent's whole conversation (messages, tool calls, tool outputs) on "
         "``AgentResult.messages``; the distributed engine keeps it in Redis for the batch's "

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
+from ..backends.hedge import check_hedge_after
 from ..backends.urls import BackendTarget
 from ..errors import BatchSpecError, ConfigError
 from ..metrics.server import check_metrics_port
@@ -237,6 +238,8 @@ def check_options(opts: BatchOptions) -> None:
     _check_checkpoint(opts)
     check_metrics_port(opts.metrics_port, opts.redis_url)
     _check_cost(opts)
+    check_hedge_after(opts.hedge_after, opts.backend, redis_url=opts.redis_url,
+                      pricing=opts.pricing)
 
 
 PRICINGS = typing.get_args(Pricing)

@@ -147,3 +147,13 @@ def _plain(key: str) -> str:
 _copyable = Tool("lookup", _plain, cacheable=True, rate_limit=3.0, timeout=2.0, version="v9",
                  coalesce=True, share="fleet", lock_ttl=7.0, max_output_chars=40,
                  description="find")
+
+
+def test_hedge_after_is_declared_and_not_carried_by_the_plan():
+    # embedded-only for now: the distributed engine refuses it at submit, so no worker
+    # needs it in the plan; the embedded engine reads it from the options
+    assert _declared()["hedge_after"] is None
+    assert "hedge_after" not in carried_options()
+    with pytest.raises(BatchSpecError, match="hedge_after must be a finite number > 1"):
+        run_batch("t {x}", [{"x": 1}], model="m", backend=[SIM, "sim://127.0.0.1:8001"],
+                  hedge_after=1)

@@ -1,0 +1,267 @@
+"""Hedged stragglers on a pool: a turn in flight past ``hedge_after`` x p95 is sent again.
+
+One slow server of a pool holds the tail of a batch: the agents whose turns it serves finish
+last. ``hedge_after=`` (``BatchOptions``) makes the ``EndpointPool`` send such a turn a second
+time, to another of its endpoints; the first answer is returned, and the other request is
+cancelled (its HTTP request closed, so the server stops working on it). The race happens
+inside one ``complete`` call, so the turn machine sees one reply and applies the turn once.
+
+The bar is ``hedge_after`` times the p95 of the *typical* endpoint: each endpoint keeps the
+latencies of the requests it answered (the last ``WINDOW``), an endpoint's p95 counts once it
+has ``MIN_SAMPLES`` of them, and the bar uses the median of those p95s (the lower one for an
+even count). A pool-wide p95 would not do: with one slow endpoint of three, a third of all
+answers are slow, the p95 is the slow latency, and nothing would ever be hedged. Until some
+endpoint has ``MIN_SAMPLES`` answers nothing is hedged; a turn already in flight is hedged as
+soon as the bar is known and it is past it.
+
+A hedge goes to an endpoint that is not ejected and not the turn's own, whose own p95 (where
+known) is under the bar, suspect ones last, then the fewest in flight, ties by the agent's
+ranking. At most one hedge per turn. The counters (``stats``) are in
+``handle.stats()["pool"]["hedge"]``: hedges sent, won by the hedge, won by the original,
+and the loser's tokens: exact when both answered, else the loser's prompt (the same as the
+winner's; its completion tokens are not known, since it was stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BackendError
+from ..model_io import ModelResponse
+
+if TYPE_CHECKING:
+    from .base import Backend
+
+MIN_SAMPLES = 20  # answers an endpoint must have given before its p95 counts
+WINDOW = 200  # the latencies each endpoint keeps (the running p95 follows the recent ones)
+QUANTILE = 0.95
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request of a turn: the endpoint it goes to, and how to send it."""
+
+    endpoint: str
+    send: Callable[[], Awaitable[ModelResponse]]
+
+
+def p95(samples: list[float]) -> float:
+    """The nearest-rank 95th percentile of a non-empty list."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(QUANTILE * len(ordered)) - 1)]
+
+
+class Hedger:
+    """Latency windows per endpoint, the hedging bar, the race, and its counters."""
+
+    def __init__(self, hedge_after: float, *, min_samples: int = MIN_SAMPLES,
+                 window: int = WINDOW) -> None:
+        if not (math.isfinite(hedge_after) and hedge_after > 1):
+            raise ValueError(f"hedge_after must be a finite number > 1, got {hedge_after!r}")
+        self.hedge_after = float(hedge_after)
+        self.min_samples = min_samples
+        self._window = window
+        self._latencies: dict[str, deque[float]] = {}
+        self._p95: dict[str, float] = {}  # endpoints with min_samples answers; refreshed
+        self._ready: asyncio.Future[None] | None = None  # resolved once a bar is known
+        self.hedges = 0
+        self.hedge_wins = 0
+        self.original_wins = 0
+        self.both_failed = 0
+        self.no_target = 0
+        self.loser_prompt_tokens = 0
+        self.loser_completion_tokens = 0
+
+    # -- the bar ----------------------------------------------------------------------------
+
+    def record(self, endpoint: str, seconds: float) -> None:
+        """An answer from ``endpoint`` that took ``seconds`` from its own send."""
+        window = self._latencies.setdefault(endpoint, deque(maxlen=self._window))
+        window.append(seconds)
+        if len(window) >= self.min_samples:
+            self._p95[endpoint] = p95(list(window))
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+
+    def endpoint_p95(self, endpoint: str) -> float | None:
+        return self._p95.get(endpoint)
+
+    def bar(self) -> float | None:
+        """Seconds after which a turn in flight is hedged; None until an endpoint has
+        ``min_samples`` answers."""
+        if not self._p95:
+            return None
+        ordered = sorted(self._p95.values())
+        return self.hedge_after * ordered[(len(ordered) - 1) // 2]
+
+    def _ready_future(self) -> asyncio.Future[None]:
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            if self._p95:
+                self._ready.set_result(None)
+        return self._ready
+
+    # -- the race ---------------------------------------------------------------------------
+
+    async def race(self, first: Attempt,
+                   second: Callable[[float], Attempt | None]) -> ModelResponse:
+        """``first``'s answer, or, once it is in flight past the bar, the first answer of it
+        and ``second(bar)`` (None: no endpoint to hedge to). The loser is cancelled."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        call: asyncio.Future[ModelResponse] = asyncio.ensure_future(first.send())
+        tasks: list[asyncio.Future[ModelResponse]] = [call]
+        try:
+            bar = await self._wait_past_bar(call, t0)
+            if bar is not None:
+                target = second(bar)
+                if target is None:
+                    self.no_target += 1
+                else:
+                    hedge: asyncio.Future[ModelResponse] = asyncio.ensure_future(target.send())
+                    tasks.append(hedge)
+                    self.hedges += 1
+                    starts = {call: (first.endpoint, t0), hedge: (target.endpoint, loop.time())}
+                    return await self._first_answer(starts, call, hedge)
+            await asyncio.wait({call})
+            response = call.result()  # its error, when it failed alone
+            self.record(first.endpoint, loop.time() - t0)
+            return response
+        finally:
+            await _cancel(tasks)  # the loser, or both when the caller gave up
+
+    async def _wait_past_bar(self, call: asyncio.Future[ModelResponse],
+                             t0: float) -> float | None:
+        """The bar once ``call`` has been in flight past it; None if ``call`` ended first."""
+        loop = asyncio.get_running_loop()
+        while not call.done():
+            bar = self.bar()
+            if bar is None:
+                either: set[asyncio.Future[Any]] = {call, self._ready_future()}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            left = t0 + bar - loop.time()
+            if left <= 0:
+                return bar
+            await asyncio.wait({call}, timeout=left)  # the bar may move meanwhile: re-read
+        return None
+
+    async def _first_answer(self, starts: Mapping[asyncio.Future[ModelResponse], tuple[str, float]],
+                            call: asyncio.Future[ModelResponse],
+                            hedge: asyncio.Future[ModelResponse]) -> ModelResponse:
+        """The first answer of the original ``call`` and its ``hedge``; a backend error
+        only once both have failed (the original's)."""
+        pending: set[asyncio.Future[ModelResponse]] = {call, hedge}
+        errors: dict[asyncio.Future[ModelResponse], BaseException] = {}
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            answered = []
+            for task in sorted(done, key=lambda t: t is not call):  # a tie goes to the original
+                exc = None if task.cancelled() else task.exception()
+                if exc is None and not task.cancelled():
+                    answered.append(task)
+                elif exc is not None and not isinstance(exc, BackendError):
+                    raise exc  # not a backend's answer: nothing to race for
+                elif exc is not None:
+                    errors[task] = exc
+            if not answered:
+                continue
+            winner = answered[0]
+            endpoint, sent = starts[winner]
+            self.record(endpoint, asyncio.get_running_loop().time() - sent)
+            if winner is hedge:
+                self.hedge_wins += 1
+            else:
+                self.original_wins += 1
+            usage = winner.result().usage
+            if len(answered) > 1:  # both answered at once: the loser's tokens are known
+                lost = answered[1].result().usage
+                self._count_loser(lost.prompt_tokens, lost.completion_tokens)
+            elif pending:  # cancelled by ``race``: its prompt was sent, its completion unknown
+                self._count_loser(usage.prompt_tokens, 0)
+            return winner.result()
+        self.both_failed += 1
+        raise errors.get(call) or next(iter(errors.values()))
+
+    def _count_loser(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.loser_prompt_tokens += prompt_tokens
+        self.loser_completion_tokens += completion_tokens
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``handle.stats()["pool"]["hedge"]``; ``bar_s`` is the current bar."""
+        return {
+            "hedge_after": self.hedge_after,
+            "min_samples": self.min_samples,
+            "bar_s": self.bar(),
+            "hedges": self.hedges,
+            "hedge_wins": self.hedge_wins,
+            "original_wins": self.original_wins,
+            "both_failed": self.both_failed,
+            "no_target": self.no_target,
+            "loser_prompt_tokens": self.loser_prompt_tokens,
+            "loser_completion_tokens": self.loser_completion_tokens,
+        }
+
+
+async def _cancel(calls: list[asyncio.Future[ModelResponse]]) -> None:
+    """Cancel what is still running and wait for it: its HTTP request is closed before the
+    turn goes on, so the server stops spending on it."""
+    for call in calls:
+        if not call.done():
+            call.cancel()
+    for call in calls:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await call
+        if call.done() and not call.cancelled():
+            call.exception()  # retrieved: no "exception was never retrieved" warning
+
+
+def enable_hedging(backend: Backend, hedge_after: float | None) -> None:
+    """Give the ``EndpointPool`` under ``backend``'s wrapping layers a ``Hedger`` (validation
+    has made sure there is one, of >= 2 endpoints, when ``hedge_after`` is set)."""
+    if hedge_after is None:
+        return
+    from .base import BackendWrapper
+    from .pool import EndpointPool
+
+    while isinstance(backend, BackendWrapper):
+        backend = backend.inner
+    if not isinstance(backend, EndpointPool):
+        raise TypeError(f"hedge_after needs a pool of endpoints, not {backend.name}")
+    backend.hedger = Hedger(hedge_after)
+
+
+def check_hedge_after(value: Any, backend: Any, *, redis_url: str | None,
+                      pricing: str) -> None:
+    """``hedge_after`` at submit: a finite number > 1, and only where it can apply (a pool of
+    >= 2 endpoints, hostfiles expanded, on the embedded engine, with sync turns to hedge).
+    Raises ``BatchSpecError`` naming it."""
+    if value is None:
+        return
+    from ..errors import BatchSpecError
+    from .setup import expand_backend_urls
+
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value <= 1):
+        raise BatchSpecError(f"hedge_after must be a finite number > 1 (a multiple of the p95 "
+                             f"turn latency) or None, got {value!r}")
+    urls = expand_backend_urls([backend] if isinstance(backend, str) else list(backend))
+    if len(urls) < 2:
+        raise BatchSpecError(
+            f"hedge_after cannot apply to backend {urls[0]!r}: it sends a slow turn again to "
+            "another endpoint of a pool, so it needs a list of >= 2 endpoints "
+            "(backend=[url1, url2, ...])")
+    if pricing == "batch":
+        raise BatchSpecError('hedge_after cannot apply with pricing="batch": no turn goes to '
+                             "the pool's sync API (provider batch turns are hedged by "
+                             'pricing="auto")')
+    if redis_url:
+        raise BatchSpecError("hedge_after: embedded-only for now; the distributed engine "
+                             "(redis_url=...) does not hedge turns yet, so it is refused "
+                             "rather than ignored")
