@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .agent_state import AgentState, AgentStatus
-from .pricing import split_cost
+from .plan import BatchPlan
+from .pricing import plan_cost, split_cost
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,39 @@ class WorkEstimate:
         return max(self.live * self.turns_per_agent - self.live_turns, float(self.live))
 
 
+def cap_refusal(max_cost_usd: float | None, spent: float, max_agent_cost_usd: float | None,
+                mine: float) -> str | None:
+    """Why a turn may not start with the batch at ``spent`` and its agent at ``mine`` (a cap
+    reached), or None: one wording for both engines."""
+    if max_cost_usd is not None and spent >= max_cost_usd:
+        return (f"max_cost_usd={max_cost_usd:g} reached: the batch has spent "
+                f"${spent:.6f}, so no new turn was started")
+    if max_agent_cost_usd is not None and mine >= max_agent_cost_usd:
+        return (f"max_agent_cost_usd={max_agent_cost_usd:g} reached: this agent has "
+                f"spent ${mine:.6f}, so no new turn was started")
+    return None
+
+
+def plan_refusal(plan: BatchPlan, state: AgentState, spent: float) -> str | None:
+    """``cap_refusal`` for a distributed turn: the batch's spend as the claim read it from
+    Redis (fleet-wide), the agent's own from the usage in its state."""
+    if plan.max_cost_usd is None and plan.max_agent_cost_usd is None:
+        return None
+    mine = plan_cost(state.usage, plan.prices, plan.model, state.batch_usage) or 0.0
+    return cap_refusal(plan.max_cost_usd, spent, plan.max_agent_cost_usd, mine)
+
+
+def turn_spend(plan: BatchPlan, old: AgentState, new: AgentState) -> float | None:
+    """What ``old`` → ``new`` adds to the batch's spend at its prices (None: no prices)."""
+    if not plan.prices:
+        return None
+    if new.usage == old.usage and new.batch_usage == old.batch_usage:
+        return 0.0
+    after = plan_cost(new.usage, plan.prices, plan.model, new.batch_usage) or 0.0
+    before = plan_cost(old.usage, plan.prices, plan.model, old.batch_usage) or 0.0
+    return after - before
+
+
 class Budget:
     """The caps of one batch, its spend so far and the projection to its end."""
 
@@ -97,14 +131,8 @@ class Budget:
 
     def refusal(self, state: AgentState) -> str | None:
         """Why ``state`` may not start a new turn (a cap reached), or None."""
-        if self.max_cost_usd is not None and self.spent >= self.max_cost_usd:
-            return (f"max_cost_usd={self.max_cost_usd:g} reached: the batch has spent "
-                    f"${self.spent:.6f}, so no new turn was started")
-        mine = self._agent.get(state.index, 0.0)
-        if self.max_agent_cost_usd is not None and mine >= self.max_agent_cost_usd:
-            return (f"max_agent_cost_usd={self.max_agent_cost_usd:g} reached: this agent has "
-                    f"spent ${mine:.6f}, so no new turn was started")
-        return None
+        return cap_refusal(self.max_cost_usd, self.spent, self.max_agent_cost_usd,
+                           self._agent.get(state.index, 0.0))
 
     @property
     def projected_usd(self) -> float | None:

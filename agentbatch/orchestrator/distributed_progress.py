@@ -11,12 +11,18 @@ Cost of one snapshot, whatever the batch's size:
 - the recovery check of ``status()`` (``resends``), empty unless the sweep re-sent agents.
 
 Tokens are the finished agents' (from their results): a live agent's usage is in its state
-entry, and reading 10,000 state entries a second is not a cheap snapshot.
+entry, and reading 10,000 state entries a second is not a cheap snapshot. The spend is live:
+meta's ``spend`` and ``replies``, which every winning commit adds to (``lua/commit.lua``),
+so ``cost_usd`` counts running agents' turns too. The plan is read once per reader (its
+prices, caps and ``max_turns``) for the projection to the end (``budget.WorkEstimate``'s
+estimate, from the results read here) and its warning past ``max_cost_usd``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +31,10 @@ import redis
 
 from ..state.keys import BatchKeys
 from ..state.replies import range_entries, str_values
+from .plan import BatchPlan
 from .progress import BatchProgress, Throughput, TokenCounts, eta, slowest
+
+log = logging.getLogger(__name__)
 
 _XRANGE_COUNT = 500
 _MGET_CHUNK = 1000
@@ -47,6 +56,12 @@ class DistributedProgress:
         self._kinds: dict[str, int] = {}
         self._tokens = [0, 0, 0]
         self._cost: float | None = None  # the finished agents' cost_usd (None: no prices)
+        self._ended_turns = 0  # replies of the agents whose result was read
+        self._done = 0  # agents that finished ok, and their replies
+        self._done_turns = 0
+        self._plan: BatchPlan | None = None
+        self._plan_read = False
+        self._warning: str | None = None  # set once the projection passes max_cost_usd
         self._leases: dict[int, tuple[str, float]] = {}  # index -> (token, first seen)
         self._rate = Throughput()
 
@@ -74,9 +89,50 @@ class DistributedProgress:
             self._tokens[j] += int(usage.get(name) or 0)
         if isinstance(cost := result.get("cost_usd"), int | float):
             self._cost = (self._cost or 0.0) + cost
-        if not result.get("ok"):
+        turns = int(result.get("turns") or 0)
+        self._ended_turns += turns
+        if result.get("ok"):
+            self._done += 1
+            self._done_turns += turns
+        else:
             kind = (result.get("error") or {}).get("kind", "unknown")
             self._kinds[kind] = self._kinds.get(kind, 0) + 1
+
+    def _read_plan(self) -> BatchPlan | None:
+        """The batch's plan, read once (None: gone, or not readable here)."""
+        if not self._plan_read:
+            self._plan_read = True
+            try:
+                raw = self.client.get(self.keys.plan)
+                self._plan = BatchPlan.model_validate_json(raw) if raw else None
+            except Exception:  # an unreadable plan costs the projection only
+                log.debug("plan of batch %s not readable", self.batch_id, exc_info=True)
+        return self._plan
+
+    def _spend(self, meta: dict[str, Any], live: int) -> tuple[float | None, float | None]:
+        """(spent, projected) in US dollars: meta's live ``spend`` when the plan has prices
+        (else the finished agents' costs, and no projection); the projection is the spend
+        plus its mean per reply times the turns left (``budget.WorkEstimate``)."""
+        plan = self._read_plan()
+        if plan is None or not plan.prices:
+            return self._cost, None
+        spent = float(meta.get("spend") or 0.0)
+        replies = int(meta.get("replies") or 0)
+        if not replies:
+            return spent, None
+        per_agent = self._done_turns / self._done if self._done else float(plan.max_turns)
+        live_turns = max(replies - self._ended_turns, 0)
+        left = max(live * per_agent - live_turns, float(live))
+        projected = spent + spent / replies * left
+        cap = plan.max_cost_usd
+        if (self._warning is None and cap is not None and math.isfinite(projected)
+                and projected > cap):
+            self._warning = (f"projected cost ${projected:.4f} passes max_cost_usd={cap:g} "
+                             f"(spent ${spent:.4f} over {replies} replies, ~{left:.0f} turns "
+                             "left): the cap will end agents budget_exceeded")
+            log.warning("batch %s on course to pass its cap: %s", self.batch_id,
+                        self._warning)
+        return spent, projected
 
     def _running(self, now: float) -> dict[int, float]:
         """Live agents holding a turn lease -> when this reader first saw that lease."""
@@ -112,11 +168,13 @@ class DistributedProgress:
         end = float(meta["finished_at_ms"]) / 1000 if meta.get("finished_at_ms") else time.time()
         elapsed = max(0.0, end - created) if created else 0.0
         throughput = self._rate.rate(ended, elapsed, now)
+        spent, projected = self._spend(meta, live)
         return BatchProgress(
             batch_id=self.batch_id, engine="distributed", total=self.total, done=done,
             failed=failed, running=running, awaiting_tools=awaiting,
             queued=live - awaiting - running,
             recovering=0 if finished else self._recovering(), elapsed_s=elapsed,
             finished=finished and live == 0, failed_by_kind=dict(self._kinds),
-            tokens=TokenCounts(*self._tokens), cost_usd=self._cost, throughput=throughput,
+            tokens=TokenCounts(*self._tokens), cost_usd=spent, projected_cost_usd=projected,
+            budget_warning=self._warning, throughput=throughput,
             eta_s=eta(live, throughput), slowest=slowest(running_since, now))

@@ -62,6 +62,10 @@ class BatchPlan(BaseModel):
     compaction_threshold: float = _default("compaction_threshold")
     # the batch model's entry of ``prices``, read and checked at submit (``pricing.py``)
     prices: dict[str, dict[str, float]] | None = _default("prices")
+    # the caps a worker checks as it claims a turn, against the batch's spend kept in Redis
+    # by the commit script (``lua/commit.lua``) and the agent's own usage
+    max_cost_usd: float | None = _default("max_cost_usd")
+    max_agent_cost_usd: float | None = _default("max_agent_cost_usd")
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")

@@ -75,13 +75,13 @@ class BatchProgress:
     finished: bool
     failed_by_kind: Mapping[str, int] = field(default_factory=dict)
     tokens: TokenCounts | None = None
-    # US dollars spent so far at the batch's ``prices``, counted as ``tokens`` is; None
-    # without prices (distributed: from results until spend is kept in Redis with the commit)
+    # US dollars spent so far at the batch's ``prices``; None without prices (distributed:
+    # the batch's spend in Redis, added by each winning commit, running agents included)
     cost_usd: float | None = None
-    # embedded: the spend at the end, projected from the cost per reply so far times the
-    # turns left (``budget.py`` says how they are estimated); None without prices
+    # the spend at the end, projected from the cost per reply so far times the turns left
+    # (``budget.py`` says how they are estimated); None without prices or before any reply
     projected_cost_usd: float | None = None
-    # embedded: set (once) when the projection passes ``max_cost_usd``, saying by how much
+    # set (once) when the projection passes ``max_cost_usd``, saying by how much
     budget_warning: str | None = None
     throughput: float | None = None  # agents finished per second, over RATE_WINDOW_S
     eta_s: float | None = None  # seconds left at that throughput; None before any finished

@@ -243,7 +243,7 @@ def check_options(opts: BatchOptions) -> None:
 
 
 PRICINGS = typing.get_args(Pricing)
-EMBEDDED_ONLY = ("max_cost_usd", "max_agent_cost_usd", "pricing", "deadline")
+EMBEDDED_ONLY = ("pricing", "deadline")
 
 
 def deadline_in(deadline: Any) -> float | None:
@@ -284,8 +284,8 @@ def _check_cost(opts: BatchOptions) -> None:
         if given:
             raise BatchSpecError(
                 f"{', '.join(given)}: embedded-only for now; the distributed engine "
-                "(redis_url=...) does not take it yet (its commit does not keep spend "
-                "fleet-wide), so it is refused rather than ignored (docs/cost.md)")
+                "(redis_url=...) sends no turn through a provider batch API yet, so it is "
+                "refused rather than ignored (docs/cost.md)")
 
 
 def _check_deadline(opts: BatchOptions) -> None:

@@ -80,6 +80,7 @@ class Claim:
     # commit that frees it announces it to turns that may be queued for one
     slots_scarce: bool = True
     damage: str = ""  # damaged: why the stored state cannot be read
+    spent_usd: float = 0.0  # ok: the batch's spend so far (meta's ``spend``, fleet-wide)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class BatchStore:
         return Claim(kind=kind, state=state, damage=damage,
                      cancelled=reply[2] == "1", slot=int(reply[4]) == 1,
                      aimd_limit=int(reply[5]), listed=len(reply[3]),
-                     slots_scarce=int(reply[7]) == 1)
+                     slots_scarce=int(reply[7]) == 1, spent_usd=float(reply[8]))
 
     async def renew(self, index: int, token: str, ttl_ms: int) -> bool:
         return bool(await self.s.renew(keys=[self.k.lease(index), self.k.watch],
@@ -263,13 +264,18 @@ class BatchStore:
         inference slot it holds in ``t.slot_key`` are released, won or lost. The terminal
         commit that delivers the last of the batch's ``total`` (read from its meta in the
         script) finishes the batch; ``t.consumed`` are keys the transition uses up (the
-        round's fan-in hash, its calls' locks), deleted when it wins."""
+        round's fan-in hash, its calls' locks), deleted when it wins. ``t.spend_usd`` is
+        added to the batch's ``spend`` (and the replies ``new`` adds to its ``replies``) in
+        the same step, only if it wins: no extra round trip, never counted twice."""
         k, old, new = self.k, t.old, t.new
         terminal = new.status.terminal
         keep = terminal and t.keep_transcript  # its msgs list stays: append what is new
         stored = terminal_state(new) if terminal else new
         mode, tail = ("", []) if terminal and not keep else new_messages(old, new, t.listed)
         records = [] if terminal else new_records(old, new)
+        replies = max(new.turns - old.turns, 0)
+        spend = "" if t.spend_usd is None or (t.spend_usd <= 0 and not replies) else \
+            repr(max(t.spend_usd, 0.0))
         ok = await self.s.commit(
             keys=[k.state, k.lease(old.index), k.watch, k.meta, k.results, ACTIVE_BATCHES,
                   k.audit, k.resends, k.plan, k.gone, k.messages(old.index), k.fence,
@@ -283,7 +289,8 @@ class BatchStore:
                   "1" if t.slot_key else "0", len(t.consumed),
                   json_array(message_entries(tail)), json_array(records),
                   json_array(payload for _, payload in t.enqueue),
-                  t.on_finish[1] if t.on_finish else "", "1" if keep else "0"],
+                  t.on_finish[1] if t.on_finish else "", "1" if keep else "0", spend,
+                  replies],
         )
         return bool(ok)
 

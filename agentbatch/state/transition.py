@@ -35,3 +35,7 @@ class Transition:
     keep_transcript: bool = False
     # (queue list key, task message) pushed only if this commit finishes the batch
     on_finish: tuple[str, str] | None = None
+    # what ``new``'s usage adds to the batch's spend at its prices (US dollars; None: the
+    # batch has no prices): added to meta's ``spend`` only if this commit wins, with the
+    # model replies ``new`` adds, so a turn that runs twice is paid into it once
+    spend_usd: float | None = None

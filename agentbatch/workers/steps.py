@@ -19,6 +19,7 @@ from ..metrics import record_agent_end
 from ..model_io import ToolOutcome
 from ..orchestrator.agent_state import AgentState, AgentStatus
 from ..orchestrator.backpressure import turn_deadline
+from ..orchestrator.budget import plan_refusal, turn_spend
 from ..orchestrator.finish import keeps_transcript, result_from_state
 from ..orchestrator.turn_io import call_model, tool_context
 from ..orchestrator.turns import (
@@ -93,7 +94,8 @@ async def commit(ctx: WorkerContext, loaded: LoadedBatch, old: AgentState, new: 
         deadline_ms=deadline_for(ctx), audit=ctx.settings.audit,
         enqueue=envelopes(celery_app, followups), retention_s=ctx.settings.retention_s,
         listed=listed, consumed=consumed, on_finish=on_finish,
-        keep_transcript=new.terminal and keeps_transcript(loaded.plan, new)))
+        keep_transcript=new.terminal and keeps_transcript(loaded.plan, new),
+        spend_usd=turn_spend(loaded.plan, old, new)))
     if not won:
         await ctx.note(loaded.plan.batch_id, "dropped_conflict")
     elif new.terminal:
@@ -227,6 +229,9 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     action = next_action(loaded.policy, state)
     if not isinstance(action, CallModel):
         raise InvalidTransition(f"agent {state.index} is not waiting on the model")
+    if why := plan_refusal(loaded.plan, state, claim.spent_usd):
+        # a cap reached, fleet-wide (the claim read the batch's spend): no new turn starts
+        return Abandoned("budget_exceeded", why)
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend)
     gate = ctx.gate(loaded.plan, rt.backend)

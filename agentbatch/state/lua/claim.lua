@@ -6,7 +6,10 @@
 -- ARGV: index, expected_version, token, ttl_ms, now_ms, sem_limit ('' = no slot now),
 --       sem_ttl_ms, watch member ('<batch id>:<index>')
 -- Returns {'ok', state entry, cancelled, {messages...}, slot 0/1, aimd limit or -1,
--- {tool-call records...}, scarce 0/1}, {'stale', version}, {'gone'} or {'busy', lease pttl}.
+-- {tool-call records...}, scarce 0/1, spend}, {'stale', version}, {'gone'} or
+-- {'busy', lease pttl}.
+-- spend: the batch's spend so far (meta's ``spend``, added by commit.lua; '0' = none), read
+-- with ``cancelled`` in the same HMGET: the worker refuses the turn at ``max_cost_usd``.
 -- scarce: 1 when no slot was taken, or the one taken fills half the limit (slots_scarce):
 -- the commit that frees it should announce it to turns that may be queued for one.
 -- The slot: the holder is the lease token; the commit that ends the turn releases it. Slot
@@ -39,7 +42,8 @@ if not redis.call('SET', lease_key, token, 'NX', 'PX', ttl_ms) then
 end
 redis.call('ZADD', watch_key, now + ttl_ms, member)
 mark_started(started_key, index, v)
-local cancelled = redis.call('HGET', meta_key, 'cancelled') or '0'
+local flags = redis.call('HMGET', meta_key, 'cancelled', 'spend')
+local cancelled, spend = flags[1] or '0', flags[2] or '0'
 local slot, dynamic, scarce = 0, -1, 1
 if sem_limit ~= '' and cancelled ~= '1' then
   local limit = tonumber(sem_limit)
@@ -63,4 +67,4 @@ if sem_limit ~= '' and cancelled ~= '1' then
   end
 end
 return {'ok', entry, cancelled, redis.call('LRANGE', msgs_key, 0, -1), slot, dynamic,
-        redis.call('LRANGE', calls_key, 0, -1), scarce}
+        redis.call('LRANGE', calls_key, 0, -1), scarce, spend}

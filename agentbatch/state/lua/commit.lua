@@ -17,7 +17,14 @@
 --       record JSON strings), payloads (JSON array: one task message per queue list key),
 --       on_finish (optional, '' = none: a task message pushed only by the commit that
 --       finishes the batch: a pipeline stage's 'stage finished' task, patterns/pipeline_chain),
---       keep_transcript (optional, '1': a terminal agent keeps its msgs list, see below)
+--       keep_transcript (optional, '1': a terminal agent keeps its msgs list, see below),
+--       spend_usd (optional, '' = nothing to add: what this transition's new usage costs at
+--       the batch's prices, US dollars, computed by the worker), replies (optional: the
+--       model replies it adds)
+-- Spend: a winning commit adds spend_usd to meta's ``spend`` (HINCRBYFLOAT) and replies to
+-- its ``replies`` in this same atomic step, so the batch's spend is fleet-wide and a turn
+-- that runs twice is paid into it once: the copy that loses the compare-and-set adds
+-- nothing. Claims read ``spend`` to refuse new turns at ``max_cost_usd`` (claim.lua).
 -- History is linear: the state hash holds the agent's scalars, the msgs list its
 -- conversation and the calls list its tool-call log, and a transition RPUSHes only what it
 -- adds to either (O(new), not O(history)).
@@ -45,6 +52,7 @@ local msg_mode, has_slot, n_consumed = ARGV[15], ARGV[16] == '1', tonumber(ARGV[
 local messages, records, payloads = json_list(ARGV[18]), json_list(ARGV[19]), json_list(ARGV[20])
 local on_finish = ARGV[21] or ''
 local keep_transcript = ARGV[22] == '1'
+local spend_usd, replies = ARGV[23] or '', tonumber(ARGV[24] or '0')
 local next_key = 15
 local sem_key = nil  -- nil: the turn holds no inference slot
 if has_slot then sem_key, next_key = KEYS[15], 16 end
@@ -67,6 +75,10 @@ redis.call('HSET', state_key, index, new_version .. ':' .. state_json)
 -- own compare-and-set, and the next version's claim must not find it busy.
 if token ~= '' then redis.call('DEL', lease_key) end
 if #consumed > 0 then redis.call('DEL', unpack(consumed)) end
+if spend_usd ~= '' then
+  redis.call('HINCRBYFLOAT', meta_key, 'spend', spend_usd)
+  if replies > 0 then redis.call('HINCRBY', meta_key, 'replies', replies) end
+end
 if terminal and not keep_transcript then
   redis.call('DEL', msgs_key, calls_key)
 else
