@@ -518,6 +518,14 @@ def render_profile_fleet(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", *bullets, "", top_tbl, "", _machine_line(data)])
 
 
+def render_cost(data: dict[str, Any]) -> str:
+    """bench_cost.py's table (also in docs/cost.md), under a heading."""
+    from .bench_cost import render
+
+    return "### Cost: all-sync, all-batch and `pricing=\"auto\"` under three deadlines\n\n" + \
+        render(data)
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
@@ -525,7 +533,7 @@ RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "engine": render_engine, "engine_costs": render_engine_costs,
              "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
-             "profile_fleet": render_profile_fleet}
+             "profile_fleet": render_profile_fleet, "cost": render_cost}
 
 
 def render_file(data: dict[str, Any]) -> str:

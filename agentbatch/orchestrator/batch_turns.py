@@ -11,11 +11,12 @@ age of the oldest provider batch still open when that is longer (a lower bound b
 batch has ended). At the batch's tail (at most ``TAIL_SHARE`` of its agents still running)
 an agent's last estimated turn goes to the sync API: nobody waits a batch round for it.
 
-Hedging (``complete``): a turn still waiting past the observed p90 batch latency, or past
-the point where its remaining turns would only just fit before the deadline on the sync
-API, is sent to the sync API as well. The first answer is returned, so it is committed
-once; the loser is cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a
-provider batch none of whose turns is still waited on is cancelled.
+Hedging (``complete``): a turn still waiting past the observed p90 latency of provider
+batches of a similar size (a batch ends with its slowest request), or past the point where
+its remaining turns would only just fit before the deadline on the sync API, is sent to the
+sync API as well. The first answer is returned, so it is committed once; the loser is
+cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch none of
+whose turns is still waited on is cancelled.
 
 A turn whose provider batch failed or expired goes to the sync API while the deadline
 allows, logged; else it fails with an error that says so.
@@ -48,24 +49,34 @@ MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
 PRIOR_SYNC_S = 5.0  # a sync turn's latency before any has been observed
 SAFETY_S = 2.0  # kept free before the deadline
 MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
+SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
 
 
 @dataclass
 class Latencies:
-    """Observed seconds; quantiles by nearest rank."""
+    """Observed seconds, each with the number of turns it was measured over (a provider batch
+    ends with its slowest request, so a big one takes longer than a small one); quantiles by
+    nearest rank."""
 
     samples: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, size: int = 1) -> None:
         self.samples.append(seconds)
+        self.sizes.append(size)
         if len(self.samples) > 2000:
             del self.samples[:1000]
+            del self.sizes[:1000]
 
-    def quantile(self, q: float) -> float | None:
-        if not self.samples:
+    def of_size(self, at_least: float) -> list[float]:
+        """The samples measured over at least ``at_least`` turns."""
+        return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
+
+    def quantile(self, q: float, at_least: float = 0) -> float | None:
+        ordered = sorted(self.of_size(at_least))
+        if not ordered:
             return None
-        ordered = sorted(self.samples)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
@@ -76,6 +87,7 @@ class _Open:
     id: str
     submitted: float
     wanted: set[str]
+    size: int = 0  # turns it was submitted with
 
 
 _KINDS: dict[str, type[BackendError]] = {
@@ -133,12 +145,20 @@ class ProviderBatchTurns:
             return "sync"
         return "batch"
 
-    def _hedge_at(self, submitted: float, turns_left: float) -> float | None:
-        """When a waiting batch turn should race the sync API (None: not yet known)."""
+    def _hedge_at(self, submitted: float, turns_left: float,
+                  size: int | None) -> float | None:
+        """When a waiting batch turn should race the sync API (None: not yet known).
+
+        The p90 is of provider batches at least ``SIMILAR`` times the size of the turn's own
+        (``size``; None while it is not submitted): a batch ends with its slowest request,
+        so the p90 of small batches would hedge a big one still on course, every turn of it
+        at the sync price."""
         times = []
-        p90 = self.batch_latency.quantile(0.9)
-        if p90 is not None and len(self.batch_latency.samples) >= MIN_SAMPLES:
-            times.append(submitted + p90)
+        if size is not None:
+            similar = self.batch_latency.of_size(SIMILAR * size)
+            p90 = self.batch_latency.quantile(0.9, SIMILAR * size)
+            if p90 is not None and len(similar) >= MIN_SAMPLES:
+                times.append(submitted + p90)
         if self.deadline is not None:
             times.append(self.deadline - turns_left * self.sync_estimate() - SAFETY_S)
         return min(times, default=None)
@@ -165,7 +185,9 @@ class ProviderBatchTurns:
         submitted = time.monotonic()
         try:
             while not future.done():
-                at = self._hedge_at(submitted, turns_left)
+                opened = self._owner.get(cid)
+                at = self._hedge_at(submitted, turns_left,
+                                    None if opened is None else opened.size)
                 now = time.monotonic()
                 if at is not None and now >= at:
                     return await self._hedge(cid, request, future)
@@ -231,7 +253,7 @@ class ProviderBatchTurns:
                     "server_error", f"the provider batch could not be submitted: {exc}"))
                     for cid, _ in chunk})
                 continue
-            opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk})
+            opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk}, len(chunk))
             self.stats["provider_batches"] += 1
             self._open[state.id] = opened
             for cid in opened.wanted:
@@ -269,7 +291,7 @@ class ProviderBatchTurns:
                     "server_error", f"provider batch {opened.id} ({state.status}): {exc}"))
                     for cid in opened.wanted}
             if any(item.ok for item in found.values()):
-                self.batch_latency.add(time.monotonic() - opened.submitted)
+                self.batch_latency.add(time.monotonic() - opened.submitted, opened.size)
             failed = sum(not item.ok for item in found.values())
             if failed:
                 log.warning("provider batch %s ended %s with %d of %d turns unanswered",
