@@ -169,9 +169,7 @@ def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, o
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("opts", [
-    {"pricing": "batch"}, {"pricing": "auto", "deadline": 600}, {"max_cost_usd": 1.0},
-    {"max_agent_cost_usd": 0.5}])
+@pytest.mark.parametrize("opts", [{"pricing": "batch"}, {"pricing": "auto", "deadline": 600}])
 def test_the_distributed_engine_refuses_them_as_embedded_only(redis_url, fast_batches,
                                                               opts) -> None:
     with pytest.raises(BatchSpecError) as err:
