@@ -22,6 +22,8 @@ each round), every system on every workload against that same server:
 
 * ``embedded``: ``arun_batch`` with a ``llamacpp://`` backend (which streams turns by
   default, so a reply that loops is stopped: ``backends/loop_guard.py``);
+* ``embedded_unpinned``: ``embedded`` with no turn pinned to a slot (``id_slot``), as
+  before issue 26 (the warm-up probe still runs);
 * ``embedded_unstreamed``: the same with ``?stream=0``: whole replies, no loop guard;
 * ``distributed``: ``submit_batch(..., redis_url=...).wait()`` on the fleet (fleet start-up is
   outside the timed window, as a deployed fleet would be running already);
@@ -46,6 +48,18 @@ each round), every system on every workload against that same server:
 * ``batch_agent``: ``batch-agent`` 0.2.0 from PyPI, ``vllm://`` backend pointed at the same
   server (llama-server is OpenAI-compatible), its own defaults otherwise (schema as plain text
   in the system prompt, native tools, streamed turns), ``max_retries=1``.
+
+Issue 26 item 4 (a server as users start it), written to its own results file:
+
+    python -m benchmarks.bench_engine --server-defaults --parallel 8 --threads 1 \
+        --server-cpus 0 --client-cpus 1 --systems embedded,naive --workloads capitals:40:3 \
+        --max-tokens 80 --json benchmarks/results/engine_default_flags.json
+
+``--server-defaults`` starts llama-server without ``--slot-prompt-similarity 0`` (llama.cpp
+picks slots by prompt similarity, its default) and with its default context (``-c 0``: the
+model's, shared by the slots); ``--server-cpus`` / ``--client-cpus`` pin the
+server and this process to CPUs. The ``capitals`` workload is N agents with one structured
+turn each (a repair allowed) sharing a ~280-token system prompt.
 
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
 (b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (its argument is one of 4
@@ -74,12 +88,13 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Literal, get_args
+from unittest.mock import patch
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
 from agentbatch import arun_batch, submit_batch, tool
-from agentbatch.backends.llamacpp import observe_ttft
+from agentbatch.backends.llamacpp import SlotPicker, observe_ttft
 from agentbatch.backends.prom import metric_sum, parse_prometheus
 from agentbatch.orchestrator.compile import system_message
 from agentbatch.orchestrator.json_tool_calling import (
@@ -96,11 +111,13 @@ from tests.engine.reviews import TASK as TASK_A
 from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
-SYSTEMS = ("embedded", "embedded_unstreamed", "distributed", "distributed_uncapped", "naive",
+SYSTEMS = ("embedded", "embedded_unpinned", "embedded_unstreamed", "distributed",
+           "distributed_uncapped", "naive",
            "batch_agent",
            "embedded_stream", "naive_stream", "embedded_batched")
 STREAMED = ("embedded_stream", "naive_stream")
 STRUCTURED_ONLY = ("embedded_batched",)
+STRUCTURED_WORKLOADS = ("structured", "capitals")
 WORKER_IMPORTS = "benchmarks.bench_engine,agentbatch.toolpool.builtins"
 
 # ~350 tokens with SmolLM2's tokenizer (measured from the engine's prompt_tokens counter).
@@ -108,6 +125,16 @@ SYSTEM_A = (
     "You label short product reviews for a shop. Read the review, decide whether the customer "
     "was happy, and give a very short reason in plain words. " * 11
 ).strip()
+
+# ~280 tokens: the issue 26 capitals workload's shared system prompt.
+SYSTEM_C = (
+    "You are a geography assistant for a school quiz. Answer with the capital city of the "
+    "country you are asked about, spelled the way an English atlas spells it. " * 8
+).strip()
+TASK_C = "Quiz question {i}: what is the capital of {country}?"
+COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway", "Chile",
+             "Egypt", "Vietnam", "Peru", "Spain", "Italy", "Ghana", "Nepal", "Cuba",
+             "Poland", "Greece", "Mexico", "Turkey"]
 
 SYSTEM_B = ("You are a shop assistant. You do not know any prices: to learn the price of an "
             "item, call the price tool with the item's name. After the tool result arrives, "
@@ -131,6 +158,11 @@ MAX_RETRIES = 1
 class Verdict(BaseModel):
     label: Literal["positive", "negative"]
     reason: str = Field(max_length=40)
+
+
+class Capital(BaseModel):
+    country: str = Field(max_length=20)
+    capital: str = Field(max_length=30)
 
 
 class PriceReport(BaseModel):
@@ -165,6 +197,8 @@ def inputs(workload: str, n: int, run: int) -> list[dict[str, Any]]:
     base = 1000 * (run + 1)
     if workload == "structured":
         return [{"i": base + i, "text": REVIEWS[i % len(REVIEWS)]} for i in range(n)]
+    if workload == "capitals":
+        return [{"i": base + i, "country": COUNTRIES[i % len(COUNTRIES)]} for i in range(n)]
     return [{"i": base + i, "item": ITEMS[i % len(ITEMS)]} for i in range(n)]
 
 
@@ -208,6 +242,10 @@ def _ab_kwargs(workload: str, n: int, max_tokens: int, run: int) -> dict[str, An
         return {"task": TASK_A, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_A,
                 "output_schema": Verdict, "max_turns": 2, "max_retries": MAX_RETRIES,
                 **common}
+    if workload == "capitals":
+        return {"task": TASK_C, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_C,
+                "output_schema": Capital, "max_turns": 2, "max_retries": MAX_RETRIES,
+                **common}
     return {"task": TASK_B, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_B,
             "output_schema": PriceReport, "tools": [price], "tool_calling": "json",
             "tool_choice": "required", "max_turns": 3, "max_retries": MAX_RETRIES,
@@ -235,6 +273,13 @@ async def run_embedded(ctx: dict[str, Any], workload: str, n: int,
                                    backend=ctx["llamacpp_url"] + url_options, **kw)
     tally = _tally(results, kw["output_schema"])
     return {**tally, "ttfts": ttfts} if ttfts else tally
+
+
+async def run_embedded_unpinned(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    """``embedded`` with no turn pinned to a slot (``SlotPicker`` never picks), as agentbatch
+    sent turns before issue 26: the server's own slot selection decides."""
+    with patch.object(SlotPicker, "acquire", lambda self, key: None):
+        return await run_embedded(ctx, workload, n)
 
 
 async def run_embedded_unstreamed(ctx: dict[str, Any], workload: str,
@@ -322,10 +367,11 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
     in the model's key order, as agentbatch's json mode sends it: the same prompts. (Sent
     back as it came, pretty-printed under ``response_format``, SmolLM2 took 111 turns for
     40 agents instead of 80 in one run: 114.6 s.)"""
-    if workload == "structured":
-        schema: type[BaseModel] = Verdict
-        system = system_message(SYSTEM_A, OutputContract(Verdict))
-        task = TASK_A.format(**item)
+    if workload in ("structured", "capitals"):
+        schema: type[BaseModel] = Verdict if workload == "structured" else Capital
+        system = system_message(SYSTEM_A if workload == "structured" else SYSTEM_C,
+                                OutputContract(schema))
+        task = (TASK_A if workload == "structured" else TASK_C).format(**item)
         turn_schema = final_schema = calls_schema = schema.model_json_schema()
     else:
         schema = PriceReport
@@ -439,7 +485,8 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
                               for r in results if not r.ok and r.error})[:3]}
 
 
-RUNNERS = {"embedded": run_embedded, "embedded_unstreamed": run_embedded_unstreamed,
+RUNNERS = {"embedded": run_embedded, "embedded_unpinned": run_embedded_unpinned,
+           "embedded_unstreamed": run_embedded_unstreamed,
            "distributed": run_distributed, "distributed_uncapped": run_distributed_uncapped,
            "naive": run_naive,
            "batch_agent": run_batch_agent, "embedded_stream": run_embedded_stream,
@@ -501,6 +548,7 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
            else None,
            "engine_generated_tokens_per_turn": round(generated / turns, 1) if turns else None,
            "client_cpu_s": round(cpu, 3),
+           "loadavg_1m_after": round(os.getloadavg()[0], 2),
            "client_cpu_ms_per_turn": round(cpu / turns * 1000, 2) if turns else None}
     print(json.dumps({k: row[k] for k in ("system", "workload", "agents", "wall_s", "valid",
                                           "turns", "engine_prompt_tokens",
@@ -550,8 +598,11 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 per[system]["ttft_p95_s_median"] = median([r.get("ttft_p95_s") for r in rs])
         naive = per.get("naive", {}).get("wall_s_median")
         naive_stream = per.get("naive_stream", {}).get("wall_s_median")
+        naive_prompt = per.get("naive", {}).get("engine_prompt_tokens_median")
         for name, s in per.items():
             s["wall_ratio_to_naive"] = ratio(s["wall_s_median"], naive)
+            s["prompt_tokens_ratio_to_naive"] = ratio(s["engine_prompt_tokens_median"],
+                                                      naive_prompt)
             if name in STREAMED:
                 s["wall_ratio_to_naive_stream"] = ratio(s["wall_s_median"], naive_stream)
         out[wl] = per
@@ -581,7 +632,15 @@ async def amain(args: argparse.Namespace,
     fleet: list[Any] = []
     runs: list[dict[str, Any]] = []
     try:
-        with LlamaServer(parallel=args.parallel) as server:
+        if args.client_cpus:
+            os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
+        server_cpus = (tuple(int(c) for c in args.server_cpus.split(","))
+                       if args.server_cpus else None)
+        # --server-defaults: llama.cpp's own slot selection and context size (``-c 0``: the
+        # model's, given after LlamaServer's ``-c``, so it wins); --metrics etc. stay on
+        with LlamaServer(parallel=args.parallel, threads=args.threads,
+                         slot_selection=not args.server_defaults, cpus=server_cpus,
+                         extra_args=("-c", "0") if args.server_defaults else ()) as server:
             ctx: dict[str, Any] = {"http_url": server.http_url, "llamacpp_url": server.llamacpp_url,
                                    "max_tokens": args.max_tokens, "timeout": args.timeout,
                                    "peer_timeout": args.peer_timeout, "run": 0}
@@ -610,7 +669,7 @@ async def amain(args: argparse.Namespace,
                             continue
                         if system in STREAMED and not {workload, f"{workload}:{n}"} & stream_on:
                             continue
-                        if system in STRUCTURED_ONLY and workload != "structured":
+                        if system in STRUCTURED_ONLY and workload not in STRUCTURED_WORKLOADS:
                             continue
                         ctx["run"] += 1
                         row = await one_run(ctx, system, workload, n)
@@ -642,12 +701,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="batch-agent run cut-off, seconds")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--parallel", type=int, default=4, help="llama-server slots")
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama-server -t (default: half the CPUs)")
+    p.add_argument("--server-defaults", action="store_true",
+                   help="start llama-server with its own slot selection (by prompt "
+                        "similarity), not agentbatch's --slot-prompt-similarity 0")
+    p.add_argument("--server-cpus", default="", help="pin llama-server to these CPUs (0,1)")
+    p.add_argument("--client-cpus", default="", help="pin this process to these CPUs")
     p.add_argument("--timeout", type=float, default=240.0, help="per run, seconds")
     p.add_argument("--json", default="benchmarks/results/engine.json")
     args = p.parse_args(argv)
     # SIGTERM as SystemExit, so the ``finally`` blocks stop the workers and redis-server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
+    load_at_start = os.getloadavg()  # the machine is shared: say how busy it was
 
     def report(runs: list[dict[str, Any]], server_cmd: list[str], complete: bool
                ) -> dict[str, Any]:
@@ -669,6 +736,10 @@ def main(argv: list[str] | None = None) -> int:
                          "batch_agent_rounds": args.peer_rounds,
                          "agentbatch_tools_max_tool_calls_per_turn": MAX_CALLS_B,
                          "agentbatch_llamacpp_compact_json": True,
+                         "server_defaults": args.server_defaults,
+                         "server_cpus": args.server_cpus or None,
+                         "client_cpus": args.client_cpus or None,
+                         "loadavg_at_start": load_at_start,
                          "batch_agent_cutoff_s": args.peer_timeout},
             "total_s": round(time.perf_counter() - started, 1),
             "summary": summarise(runs),

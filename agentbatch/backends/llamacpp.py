@@ -5,9 +5,12 @@ renders batched prompts with the server's template (``/apply-template``), sends 
 as a whitespace-free GBNF ``grammar`` with the reply's forced start prefilled
 (``compact_json``, ``jump_forward``), streams turns by default so ``loop_guard`` can stop a
 runaway reply (a streamed request says ``Connection: close``: the server drops it anyway),
-keeps the embedded engine's turns in flight to ``total_slots`` (``inflight_hint``), and can
-pin an agent to a slot (``slot_affinity``, off). ``tool_choice="required"`` is not enforced
-here. Why each default, with the measurements: docs/engine-llamacpp.md.
+keeps the embedded engine's turns in flight to ``total_slots`` (``inflight_hint``), and at
+warm-up checks that the server's prompt cache works (``probe_cache``: a warning names the flags
+that defeat it) and whether pinning turns to slots keeps the prefix, in which case each turn
+goes with ``id_slot`` = a slot none of this process's turns is using (``SlotPicker``).
+``tool_choice="required"`` is not enforced here. Why each default, with the measurements:
+docs/engine-llamacpp.md.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError, ServerError
@@ -64,6 +70,82 @@ def observe_ttft(listener: TtftListener) -> Iterator[None]:
         ON_TTFT.reset(token)
 
 
+# A repeat of the warm-up request that finds less than this share of its prompt cached
+# computed the shared prefix again.
+CACHED_SHARE = 0.5
+# The flags of this llama.cpp build (b11434's ``llama-server --help``) under which a repeat of
+# a request computes its prefix again, named in the warm-up warning.
+CACHE_DEFEATING_FLAGS = (
+    "--cache-ram 0 with --slot-prompt-similarity 0 (each request takes the least recently "
+    "used slot, and nothing is restored into it)",
+    "--no-cache-prompt (for clients that do not send cache_prompt: agentbatch does)",
+    "a context (-c divided by -np) too small for the shared prefix",
+)
+
+
+@dataclass(frozen=True)
+class CacheProbe:
+    """What the warm-up saw: tokens of the prefix request, and how many were cached on a
+    repeat sent without ``id_slot`` (``unpinned_cached``) and on one pinned back to a slot
+    after another slot was used (``pinned_cached``; None with one slot)."""
+
+    prompt_tokens: int
+    unpinned_cached: int
+    pinned_cached: int | None
+
+    @property
+    def defeated(self) -> bool:
+        """The server's own slot choice computed the prefix again."""
+        return self.unpinned_cached < CACHED_SHARE * self.prompt_tokens
+
+    @property
+    def pinning_keeps_prefix(self) -> bool:
+        """A slot kept the prefix while another slot served a request: pinning is safe."""
+        return (self.pinned_cached is not None
+                and self.pinned_cached >= CACHED_SHARE * self.prompt_tokens)
+
+
+class SlotPicker:
+    """Which slot a turn is pinned to: the agent's last slot when no turn of this process is
+    on it, else the free slot this process used longest ago; None when every slot is taken
+    (the server then chooses). A turn never waits for a slot one of our own turns holds,
+    which is what made pinning by agent index lose (docs/engine-llamacpp.md)."""
+
+    MAX_AGENTS = 65_536
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.busy = [0] * slots
+        self.last_used = [0.0] * slots
+        self.homes: OrderedDict[str, int] = OrderedDict()
+
+    def acquire(self, agent_key: str) -> int | None:
+        home = self.homes.get(agent_key)
+        if home is not None and self.busy[home] == 0:
+            slot: int | None = home
+        else:
+            free = [s for s in range(self.slots) if self.busy[s] == 0]
+            slot = min(free, key=lambda s: (self.last_used[s], s)) if free else None
+        if slot is None:
+            return None
+        self.busy[slot] += 1
+        self.last_used[slot] = time.monotonic()
+        if agent_key:
+            self.homes[agent_key] = slot
+            self.homes.move_to_end(agent_key)
+            if len(self.homes) > self.MAX_AGENTS:
+                self.homes.popitem(last=False)
+        return slot
+
+    def release(self, slot: int | None) -> None:
+        if slot is not None:
+            self.busy[slot] = max(0, self.busy[slot] - 1)
+            self.last_used[slot] = time.monotonic()
+
+
+_PINNED: ContextVar[int | None] = ContextVar("agentbatch_llamacpp_pinned", default=None)
+
+
 def slot_for(agent_key: str, slots: int) -> int:
     """The slot an agent is pinned to: its index modulo ``slots`` for the engines' keys
     (``batch:index``), so a batch's agents spread evenly; else a stable hash of the key."""
@@ -76,12 +158,17 @@ def slot_for(agent_key: str, slots: int) -> int:
 class LlamaCppBackend(OpenAICompatBackend):
     """``Backend`` for ``llama-server``; see the module docstring for what it adds."""
 
-    def __init__(self, target: Any, *, slot_affinity: bool = False, compact_json: bool = True,
+    def __init__(self, target: Any, *, slot_affinity: bool | None = None,
+                 compact_json: bool = True,
                  jump_forward: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("capabilities", CAPABILITIES)
         kwargs.setdefault("stream", True)  # see the module docstring
         super().__init__(target, **kwargs)
+        # True: agent index modulo slots, always; False: never; None (default): the warm-up
+        # probe decides, and turns then go to a free slot (``SlotPicker``).
         self.slot_affinity = slot_affinity
+        self.cache_probe: CacheProbe | None = None
+        self._picker: SlotPicker | None = None
         self.compact_json = compact_json
         self.jump_forward = jump_forward and compact_json
         self._splits: dict[int, tuple[Any, tuple[str, str] | None]] = {}
@@ -163,17 +250,85 @@ class LlamaCppBackend(OpenAICompatBackend):
         await self.props()
 
     async def preflight(self, plan: BatchPlan) -> None:
-        """Before the fan-out: this is llama.cpp, and the options the batch set can apply."""
+        """Before the fan-out: this is llama.cpp, and the options the batch set can apply;
+        then, for a batch that warms its prefix, the cache probe (``probe_cache``)."""
         await self.props()
-        if plan.max_server_waiting is None:
-            return
-        status = await self._session.get_status("/metrics", PROPS_TIMEOUT_S)
-        if status != 200:
-            raise BatchSpecError(
-                f"max_server_waiting={plan.max_server_waiting} cannot apply to {self.name}: "
-                f"its /metrics answered {status if status is not None else 'nothing'} (start "
-                "llama-server with --metrics, or drop max_server_waiting)"
-            )
+        if plan.max_server_waiting is not None:
+            status = await self._session.get_status("/metrics", PROPS_TIMEOUT_S)
+            if status != 200:
+                raise BatchSpecError(
+                    f"max_server_waiting={plan.max_server_waiting} cannot apply to "
+                    f"{self.name}: its /metrics answered "
+                    f"{status if status is not None else 'nothing'} (start llama-server with "
+                    "--metrics, or drop max_server_waiting)"
+                )
+        if plan.warm_prefix and plan.total > 1 and self.cache_probe is None:
+            if plan.max_server_waiting is not None:
+                load = await self.fetch_load()
+                if load is None or load.waiting > plan.max_server_waiting:
+                    return  # the probe would jump the queue the batch promised to respect
+            from ..orchestrator.render import warmup_request
+
+            await self.probe_cache(warmup_request(plan))
+
+    # -- warm-up: does the prompt cache work, and does pinning keep it -----------------------
+
+    async def probe_cache(self, request: ModelRequest) -> CacheProbe | None:
+        """Send the shared prefix (``max_tokens`` 1) pinned to slot 0, slot 1, slot 0 again,
+        then unpinned, reading each reply's cached-token count. The unpinned repeat shows
+        whether the server's own slot choice keeps the prefix (if not, one warning names the
+        flags that defeat it); the third whether a slot keeps it while another slot works
+        (then, with ``slot_affinity`` unset, turns are pinned: ``SlotPicker``). Neither can be
+        read from ``/props`` or ``/slots`` on this build. None if the server did not answer."""
+        slots = await self.total_slots()
+        try:
+            pinned: int | None = None
+            if slots > 1:
+                first = await self._probe_once(request, 0)
+                await self._probe_once(request, 1)
+                pinned = (await self._probe_once(request, 0))[1]
+                unpinned = (await self._probe_once(request, None))[1]
+                total = first[0]
+            else:
+                total = (await self._probe_once(request, None))[0]
+                unpinned = (await self._probe_once(request, None))[1]
+        except (BackendError, KeyError, TypeError, ValueError) as exc:
+            log.info("%s: cache probe at warm-up failed (%s); turns go unpinned", self.name, exc)
+            return None
+        probe = self.cache_probe = CacheProbe(total, unpinned, pinned)
+        if probe.defeated:
+            fix = ("agentbatch pins its turns to slots (id_slot), which keeps the prefix "
+                   "cached for this batch; other clients of this server still pay for it"
+                   if probe.pinning_keeps_prefix and self.slot_affinity is None else
+                   "every turn of this batch computes its shared prefix again")
+            log.warning(
+                "%s: a repeat of the warm-up request found %d of its %d prompt tokens cached: "
+                "a setting of this llama-server defeats its prompt cache. On this build that "
+                "is one of: %s. Restart it without that setting; meanwhile %s.",
+                self.name, unpinned, total, "; ".join(CACHE_DEFEATING_FLAGS), fix)
+        if self.slot_affinity is None and probe.pinning_keeps_prefix:
+            self._picker = SlotPicker(slots)
+        log.debug("%s: cache probe %s; pinning %s", self.name, probe,
+                  "on" if self._picker else "off")
+        return probe
+
+    async def _probe_once(self, request: ModelRequest, slot: int | None) -> tuple[int, int]:
+        """(prompt tokens, cached prompt tokens) of one unstreamed ``max_tokens`` 1 request."""
+        body = {**OpenAICompatBackend.build_body(self, request), "max_tokens": 1,
+                "cache_prompt": True}
+        for key in ("stream", "stream_options", "id_slot"):
+            body.pop(key, None)
+        if slot is not None:
+            body["id_slot"] = slot
+        reply = await self._session.post_json("/v1/chat/completions", body, {},
+                                              request.timeout_s or self.timeout,
+                                              model_request=False)
+        timings = reply.get("timings") if isinstance(reply, dict) else None
+        if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            cached = int(timings["cache_n"])
+            return cached + int(timings["prompt_n"]), cached
+        usage = reply["usage"]
+        return int(usage["prompt_tokens"]), int(usage["prompt_tokens_details"]["cached_tokens"])
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -229,12 +384,22 @@ class LlamaCppBackend(OpenAICompatBackend):
         slots = int(self._props["total_slots"]) if self._props else 0
         if self.slot_affinity and slots > 0 and request.agent_key:
             extra["id_slot"] = slot_for(request.agent_key, slots)
+        elif _PINNED.get() is not None:
+            extra["id_slot"] = _PINNED.get()
         return extra
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         if self.slot_affinity and self._props is None and not self._no_slots:
             await self._learn_slots()
-        response = await super().complete(request)
+        picker = self._picker
+        slot = picker.acquire(request.agent_key) if picker is not None else None
+        token = _PINNED.set(slot)
+        try:
+            response = await super().complete(request)
+        finally:
+            _PINNED.reset(token)
+            if picker is not None:
+                picker.release(slot)
         split = self._prefill(request)
         if split is not None and response.text is not None \
                 and not response.text.startswith(split[0]):

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ from types import TracebackType
 from typing import Any
 
 from .install import INSTALL_COMMAND, EngineError, EnginePaths, installed, log_tail
+
+log = logging.getLogger(__name__)
 
 MODEL_ALIAS = "smollm2"  # the name /v1/models reports and requests may use
 DEFAULT_PARALLEL = 4
@@ -52,6 +55,36 @@ def default_threads() -> int:
 # tests/engine/test_llamacpp_engine.py checks the difference: 405 of 423 prompt tokens cached
 # on a second turn after 8 other requests, against 371 (the system prompt) with the default.
 SLOT_SELECTION = ("--slot-prompt-similarity", "0")
+
+
+def cache_defeating_flags(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The flags in a ``llama-server`` command line that make a repeated prefix be computed
+    again (this build's ``server-context.cpp``): ``--cache-ram 0`` removes the host-memory
+    prompt cache, which least-recently-used slot selection (``--slot-prompt-similarity 0``)
+    relies on to find a prefix another slot computed (with similarity selection the repeat
+    goes to the slot holding it); ``--no-cache-prompt`` turns caching off for requests that
+    do not ask for it (agentbatch's do)."""
+    args = list(args)
+    found: list[str] = []
+
+    def value(*names: str) -> str | None:
+        hit = None
+        for i, arg in enumerate(args):
+            for name in names:
+                if arg == name and i + 1 < len(args):
+                    hit = args[i + 1]
+                elif arg.startswith(name + "="):
+                    hit = arg.split("=", 1)[1]
+        return hit
+
+    cache_ram = value("--cache-ram", "-cram")
+    similarity = value("--slot-prompt-similarity", "-sps")
+    lru = similarity is not None and float(similarity) == 0.0
+    if lru and cache_ram is not None and cache_ram.strip() == "0":
+        found.append("--cache-ram 0 with --slot-prompt-similarity 0")
+    if "--no-cache-prompt" in args:
+        found.append("--no-cache-prompt (for requests without cache_prompt)")
+    return found
 
 STOP_TIMEOUT_S = 15.0
 FREE_PORT_TRIES = 3  # a free port can be taken between our probe and the server's bind
@@ -97,6 +130,8 @@ class LlamaServer:
         alias: str = MODEL_ALIAS,
         extra_args: tuple[str, ...] = (),
         die_with_parent: bool = True,
+        slot_selection: bool = True,
+        cpus: tuple[int, ...] | None = None,
     ) -> None:
         paths = paths or installed()
         if paths is None:
@@ -115,6 +150,9 @@ class LlamaServer:
         self.model = alias
         self.extra_args = extra_args
         self.die_with_parent = die_with_parent
+        # False: llama.cpp's own slot selection (by prompt similarity), as a user starts it
+        self.slot_selection = slot_selection
+        self.cpus = cpus  # pin the server to these CPUs (sched_setaffinity), e.g. (0,)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self.start_seconds: float | None = None  # spawn to healthy, measured by start()
@@ -146,10 +184,17 @@ class LlamaServer:
             "--host", self.host, "--port", str(self.port),
             "-c", str(self.ctx_per_slot * self.parallel), "-np", str(self.parallel),
             "--metrics", "--slots", "--jinja", "-t", str(self.threads),
-            # Pick slots least-recently-used, not by prompt similarity: see SLOT_SELECTION.
-            *SLOT_SELECTION,
         ]
+        if self.slot_selection:
+            # Pick slots least-recently-used, not by prompt similarity: see SLOT_SELECTION.
+            cmd.extend(SLOT_SELECTION)
         return [*cmd, *self.extra_args]
+
+    def _preexec(self) -> None:  # pragma: no cover - runs in the child before exec
+        if self.die_with_parent:
+            _die_with_parent()
+        if self.cpus:
+            os.sched_setaffinity(0, set(self.cpus))
 
     # lifecycle ----------------------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT_S) -> LlamaServer:
@@ -175,6 +220,10 @@ class LlamaServer:
         raise AssertionError("unreachable")
 
     def _spawn_and_wait(self, timeout: float) -> None:
+        defeating = cache_defeating_flags(self.command())
+        if defeating:
+            log.warning("llama-server started with %s: a repeated prefix is computed again "
+                        "(docs/engine-llamacpp.md)", ", ".join(defeating))
         fd, log_name = tempfile.mkstemp(prefix=f"llama-server-{self.port}-", suffix=".log")
         self.log_path = Path(log_name)
         started = time.monotonic()
@@ -182,7 +231,7 @@ class LlamaServer:
             self.proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log_fh,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None)
+                preexec_fn=self._preexec if self.die_with_parent or self.cpus else None)
         deadline = started + timeout
         while True:
             code = self.proc.poll()
