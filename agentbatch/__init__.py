@@ -4,8 +4,15 @@ Input list in, structured result list out, each result streamed as its agent fin
 Embedded on asyncio by default; distributed over Celery + Redis when a Redis URL is given.
 """
 
-from .api import arun_batch, asubmit_batch, get_batch, get_pipeline, run_batch, submit_batch
-from .errors import (
+from agentbatch.api import (
+    arun_batch,
+    asubmit_batch,
+    get_batch,
+    get_pipeline,
+    run_batch,
+    submit_batch,
+)
+from agentbatch.core.errors import (
     AgentBatchError,
     BackendError,
     BatchExpired,
@@ -15,15 +22,15 @@ from .errors import (
     RedisOutOfMemory,
     ToolError,
 )
-from .orchestrator.handle import BatchHandle
-from .patterns.generate import agenerate_batch, generate_batch
-from .patterns.map_reduce import arun_with_map_reduce, run_with_map_reduce
-from .patterns.pipeline_error import PipelineError
-from .patterns.reduce import arun_with_reduce, run_with_reduce
-from .patterns.scatter import abroadcast, ascatter_gather, broadcast, scatter_gather
-from .patterns.tree import atree_reduce, tree_reduce
-from .results import AgentError, AgentResult, ToolCallRecord
-from .toolpool import Tool, ToolContext, tool
+from agentbatch.core.results import AgentError, AgentResult, ToolCallRecord
+from agentbatch.patterns.generate import agenerate_batch, generate_batch
+from agentbatch.patterns.map_reduce import arun_with_map_reduce, run_with_map_reduce
+from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.reduce import arun_with_reduce, run_with_reduce
+from agentbatch.patterns.scatter import abroadcast, ascatter_gather, broadcast, scatter_gather
+from agentbatch.patterns.tree import atree_reduce, tree_reduce
+from agentbatch.toolpool import Tool, ToolContext, tool
+from agentbatch.turnloop.handle import BatchHandle
 
 __version__ = "0.1.0"
 

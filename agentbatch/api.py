@@ -1,7 +1,7 @@
 """The public entry points: submit or run a batch, sync or async, embedded or distributed.
 
 The four batch functions take the same parameters: the fields of ``BatchOptions``
-(``orchestrator/options.py`` declares each once, with its type, default and doc). ``_takes``
+(``core/options.py`` declares each once, with its type, default and doc). ``_takes``
 gives each public function that signature: to type checkers and IDEs through ``ParamSpec``
 (the dataclass's ``__init__``), to ``help()`` and ``inspect`` through ``__signature__`` and
 ``__doc__``.
@@ -16,13 +16,13 @@ import os
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .errors import BatchSpecError, UnknownParameter
-from .orchestrator.aliases import suggest
-from .orchestrator.compile import compile_batch
-from .orchestrator.embedded_handle import EmbeddedHandle
-from .orchestrator.handle import BatchHandle
-from .orchestrator.options import BatchOptions, args_doc, with_environment
-from .results import AgentResult
+from agentbatch.core.aliases import suggest
+from agentbatch.core.errors import BatchSpecError, UnknownParameter
+from agentbatch.core.options import BatchOptions, args_doc, with_environment
+from agentbatch.core.results import AgentResult
+from agentbatch.embedded.handle import EmbeddedHandle
+from agentbatch.turnloop.compile import compile_batch
+from agentbatch.turnloop.handle import BatchHandle
 
 log = logging.getLogger("agentbatch")
 P = ParamSpec("P")
@@ -89,7 +89,7 @@ def _announce(handle: BatchHandle) -> BatchHandle:
 def _submit(opts: BatchOptions) -> BatchHandle:
     compiled = compile_batch(opts)
     if opts.redis_url:
-        from .orchestrator.distributed_submit import submit_distributed
+        from agentbatch.distributed.submit import submit_distributed
 
         return _announce(submit_distributed(compiled, opts))
     handle = EmbeddedHandle(compiled, opts)
@@ -102,7 +102,7 @@ async def _asubmit(opts: BatchOptions) -> BatchHandle:
     if opts.redis_url:
         import asyncio
 
-        from .orchestrator.distributed_submit import submit_distributed
+        from agentbatch.distributed.submit import submit_distributed
 
         return _announce(await asyncio.to_thread(submit_distributed, compiled, opts))
     handle = EmbeddedHandle(compiled, opts)
@@ -125,7 +125,7 @@ async def asubmit_batch(opts: BatchOptions) -> BatchHandle:
 @_takes(BatchOptions)
 def run_batch(opts: BatchOptions) -> list[AgentResult]:
     """Run a batch to the end; results in input order."""
-    from .orchestrator import progress_display
+    from agentbatch.turnloop import progress_display
 
     show = progress_display.resolve(opts.progress)  # before anything is sent
     with _submit(opts) as handle:
@@ -144,13 +144,13 @@ async def arun_batch(opts: BatchOptions) -> list[AgentResult]:
 
 def get_batch(batch_id: str, *, redis_url: str | None = None) -> BatchHandle:
     """Re-attach to a distributed batch from any process."""
-    from .orchestrator.validate import check_batch_id
+    from agentbatch.turnloop.validate import check_batch_id
 
     check_batch_id(batch_id)
     url = redis_url or os.environ.get("AGENTBATCH_REDIS_URL")
     if not url:
         raise BatchSpecError("get_batch needs redis_url (or AGENTBATCH_REDIS_URL)")
-    from .orchestrator.distributed_submit import attach_distributed
+    from agentbatch.distributed.submit import attach_distributed
 
     return attach_distributed(batch_id, url)
 
@@ -159,8 +159,8 @@ def get_pipeline(pipeline_id: str, *, redis_url: str | None = None) -> Any:
     """Re-attach to a distributed ``run_with_reduce`` / ``run_with_map_reduce`` (its
     ``batch_id``) from any process: a ``PipelineHandle`` with ``progress()`` and
     ``wait(timeout)`` -> ``(map_results, reduced)``."""
-    from .patterns.pipeline_handle import PipelineHandle
-    from .patterns.pipeline_spec import check_pipeline_id
+    from agentbatch.patterns.pipeline_handle import PipelineHandle
+    from agentbatch.patterns.pipeline_spec import check_pipeline_id
 
     check_pipeline_id(pipeline_id)
     url = redis_url or os.environ.get("AGENTBATCH_REDIS_URL")

@@ -27,11 +27,11 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .api import arun_batch, asubmit_batch
-from .errors import BatchSpecError
-from .results import AgentResult
-from .toolpool import Tool as _Tool
-from .toolpool import tool
+from agentbatch.api import arun_batch, asubmit_batch
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentResult
+from agentbatch.toolpool import Tool as _Tool
+from agentbatch.toolpool import tool
 
 __all__ = ["BatchAgent", "BatchAgentResult", "Tool", "UNSUPPORTED", "RENAMED"]
 
@@ -107,7 +107,7 @@ class BatchAgent:
     @staticmethod
     async def run_with_reduce(**kwargs: Any) -> tuple[list[BatchAgentResult], Any]:
         """``arun_with_reduce``: ``(results, reduced)``."""
-        from .patterns.reduce import arun_with_reduce
+        from agentbatch.patterns.reduce import arun_with_reduce
 
         results, reduced = await arun_with_reduce(**_translate(kwargs, "run_with_reduce"))
         return [_result(r) for r in results], reduced
@@ -115,7 +115,7 @@ class BatchAgent:
     @staticmethod
     async def run_with_map_reduce(**kwargs: Any) -> tuple[list[BatchAgentResult], Any]:
         """``arun_with_map_reduce``: ``(map_results, reduced)``."""
-        from .patterns.map_reduce import arun_with_map_reduce
+        from agentbatch.patterns.map_reduce import arun_with_map_reduce
 
         results, reduced = await arun_with_map_reduce(
             **_translate(kwargs, "run_with_map_reduce"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .peers import RunOutcome
-from .workloads import MODEL, SYSTEM_PROMPT, TOOL_NAME, ToolCounter, Workload, make_lookup
+from benchmarks.peers import RunOutcome
+from benchmarks.workloads import MODEL, SYSTEM_PROMPT, TOOL_NAME, ToolCounter, Workload, make_lookup
 
 NAME = "agentbatch"
 LABEL = "agentbatch embedded (arun_batch)"

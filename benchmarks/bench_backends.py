@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from .machine import (
+from benchmarks.machine import (
     RESULTS_DIR,
     Stopwatch,
     machine_info,
@@ -66,7 +66,7 @@ def sim_mode_url(url: str) -> str:
 
 
 def classify_request(i: int, tag: str = "") -> Any:
-    from agentbatch.model_io import ModelRequest
+    from agentbatch.core.model_io import ModelRequest
 
     user = f"{tag}Classify ticket #{i}: 'The app crashes when I upload file_{i}.png'."
     return ModelRequest(model=MODEL, messages=[{"role": "system", "content": CLASSIFY_SYSTEM},
@@ -75,7 +75,7 @@ def classify_request(i: int, tag: str = "") -> Any:
 
 
 def agent_request(i: int, system: str = SHARED_SYSTEM) -> Any:
-    from agentbatch.model_io import ModelRequest
+    from agentbatch.core.model_io import ModelRequest
 
     return ModelRequest(model=MODEL, messages=[{"role": "system", "content": system},
                                                {"role": "user",
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_batch=args.max_batch, window_s=args.window_s,
                          log=lambda m: print(m, file=sys.stderr))
     out = write_json(args.json, data)
-    from .report import render_file
+    from benchmarks.report import render_file
 
     print(render_file(data))
     print(f"\nwrote {out}", file=sys.stderr)

@@ -30,9 +30,8 @@ from typing import Any
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.support.tools import Answer, lookup
-
-from .machine import machine_info, utc_now, write_json
 
 MODEL = "sim-model"
 # Modelled per-million-token prices (GPT-4o's list prices), batch_* at half price. A cached

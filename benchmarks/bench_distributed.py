@@ -24,12 +24,11 @@ import redis
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.chaos.client import TASK, inputs
 from tests.support.redis_server import RedisServer
 from tests.support.tools import Answer, cached_lookup, lookup
 from tests.support.workers import REPO, WorkerProcess
-
-from .machine import machine_info, utc_now, write_json
 
 ROUNDS = 3  # tool rounds per agent in tests.chaos.client.TASK
 
@@ -141,7 +140,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
 
 def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
               concurrency: int, waits: tuple[float, ...] = ()) -> dict[str, Any]:
-    from agentbatch.workers.dispatch import publish
+    from agentbatch.distributed.workers.dispatch import publish
     from benchmarks.celery_floor import DONE_KEY, app, step_message
 
     r = redis.from_url(server.url)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from . import agentbatch_runner
-from .machine import (
+from benchmarks import agentbatch_runner
+from benchmarks.machine import (
     RESULTS_DIR,
     Stopwatch,
     machine_info,
@@ -39,8 +39,8 @@ from .machine import (
     utc_now,
     write_json,
 )
-from .peers import RunOutcome, batch_agent_peer, naive_gather
-from .workloads import ToolCounter, Workload, get_workload
+from benchmarks.peers import RunOutcome, batch_agent_peer, naive_gather
+from benchmarks.workloads import ToolCounter, Workload, get_workload
 
 Runner = Callable[[str, Workload, int, ToolCounter], Awaitable[RunOutcome]]
 
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     data = run_benchmark(workload, agents, args.runs, names, warmup=not args.no_warmup,
                          timeout_s=args.timeout, log=lambda m: print(m, file=sys.stderr))
     out = write_json(args.json or RESULTS_DIR / f"embedded_{workload.name}.json", data)
-    from .report import render_file
+    from benchmarks.report import render_file
 
     print(render_file(data))
     print(f"\nwrote {out}", file=sys.stderr)

@@ -96,19 +96,18 @@ from pydantic import BaseModel, Field, ValidationError
 from agentbatch import arun_batch, submit_batch, tool
 from agentbatch.backends.llamacpp import SlotPicker, observe_ttft
 from agentbatch.backends.prom import metric_sum, parse_prometheus
-from agentbatch.orchestrator.compile import system_message
-from agentbatch.orchestrator.json_tool_calling import (
+from agentbatch.core.options import DEFAULT_MAX_INFLIGHT
+from agentbatch.core.output import OutputContract
+from agentbatch.turnloop.compile import system_message
+from agentbatch.turnloop.json_tool_calling import (
     RESULTS_FOOTER,
     RESULTS_HEADER,
     instructions,
     union_schema,
 )
-from agentbatch.orchestrator.options import DEFAULT_MAX_INFLIGHT
-from agentbatch.orchestrator.output import OutputContract
+from benchmarks.machine import machine_info, median, ratio, utc_now, write_json
 from tests.engine.reviews import REVIEWS
 from tests.engine.reviews import TASK as TASK_A
-
-from .machine import machine_info, median, ratio, utc_now, write_json
 
 MODEL = "smollm2"
 SYSTEMS = ("embedded", "embedded_unpinned", "embedded_unstreamed", "distributed",

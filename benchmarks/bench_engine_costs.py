@@ -30,8 +30,7 @@ from typing import Any
 import httpx
 
 from agentbatch.engine import LlamaServer
-
-from .machine import machine_info, utc_now, write_json
+from benchmarks.machine import machine_info, utc_now, write_json
 
 # bench_engine (scrape, ITEMS) is imported where used: it needs openai, a dev extra, and the
 # report's test imports ``predict`` from here with the test extras only.
@@ -51,7 +50,7 @@ async def _complete(client: httpx.AsyncClient, url: str, prompt: str, max_tokens
 
 async def _round(client: httpx.AsyncClient, url: str, prompts: list[str], max_tokens: int
                  ) -> dict[str, float]:
-    from .bench_engine import scrape
+    from benchmarks.bench_engine import scrape
 
     before = scrape(url)
     t0 = time.perf_counter()

@@ -30,15 +30,14 @@ from typing import Any
 import redis
 
 from agentbatch import submit_batch
+from agentbatch.distributed.state.connection import sync_client
+from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
-from agentbatch.state.connection import sync_client
-from agentbatch.state.keys import BatchKeys
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.support.pure_tools import stamp
 from tests.support.sentinel import SentinelGroup
 from tests.support.workers import WorkerProcess
-
-from .machine import machine_info, utc_now, write_json
 
 TASK = 'Agent {i}.\n@sim tool stamp {{"key": "k{i}"}}'  # two model turns, one tool call
 

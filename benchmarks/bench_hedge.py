@@ -24,9 +24,8 @@ from typing import Any
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.machine import machine_info, median, ratio, sim_get, sim_reset, utc_now, write_json
 from tests.support.pure_tools import stamp
-
-from .machine import machine_info, median, ratio, sim_get, sim_reset, utc_now, write_json
 
 TURNS = 3
 TASK = ('Agent {i}.\n@sim tool stamp {{"key": "a{i}"}}\n'

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from .machine import RESULTS_DIR, Stopwatch, machine_info, median, utc_now, write_json
-from .workloads import (
+from benchmarks.machine import RESULTS_DIR, Stopwatch, machine_info, median, utc_now, write_json
+from benchmarks.workloads import (
     MODEL,
     SYSTEM_PROMPT,
     TOOL_DESCRIPTION,
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     data = run_benchmark(args.concurrency, args.rounds, args.repeats, args.fixed_ms, names,
                          log=lambda m: print(m, file=sys.stderr))
     out = write_json(args.json, data)
-    from .report import render_file
+    from benchmarks.report import render_file
 
     print(render_file(data))
     print(f"\nwrote {out}", file=sys.stderr)

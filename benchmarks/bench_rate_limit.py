@@ -24,11 +24,10 @@ import redis
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.bench_recovery import Worker
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.support.rate_tools import RATE, limited_fetch
 from tests.support.redis_server import RedisServer
-
-from .bench_recovery import Worker
-from .machine import machine_info, utc_now, write_json
 
 
 def run(url: str, backend: str, tool_workers: int, calls: int) -> dict[str, Any]:

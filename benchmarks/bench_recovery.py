@@ -37,15 +37,14 @@ import redis
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.support.redis_server import RedisServer
 from tests.support.tools import lookup
-
-from .machine import machine_info, utc_now, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 # The shipped defaults, read from the code under test (absent in older checkouts: None).
 try:
-    from agentbatch.workers.settings import WorkerSettings
+    from agentbatch.distributed.workers.settings import WorkerSettings
 
     DEFAULTS: dict[str, Any] = {
         "lease_ttl_s": WorkerSettings.lease_ttl_s,

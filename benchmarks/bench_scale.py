@@ -28,28 +28,27 @@ from typing import Any
 import redis
 
 from agentbatch.api import _options_for
-from agentbatch.orchestrator.compile import CompiledBatch, compile_batch
-from agentbatch.orchestrator.distributed_submit import (
-    CHUNK_BYTES,
-    CHUNK_ENTRIES,
-    enqueue,
-    write_batch,
-)
-from agentbatch.state.keys import ACTIVE_BATCHES, BatchKeys
-from agentbatch.state.redis_store import (
+from agentbatch.distributed.state.keys import ACTIVE_BATCHES, BatchKeys
+from agentbatch.distributed.state.redis_store import (
     initial_meta,
     now_ms,
     state_entry,
     sync_clock_blocking,
 )
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, client_app
-from agentbatch.workers.dispatch import publish, turn_message
-from agentbatch.workers.envelope import queue_key
+from agentbatch.distributed.submit import (
+    CHUNK_BYTES,
+    CHUNK_ENTRIES,
+    enqueue,
+    write_batch,
+)
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, client_app
+from agentbatch.distributed.workers.dispatch import publish, turn_message
+from agentbatch.distributed.workers.envelope import queue_key
+from agentbatch.turnloop.compile import CompiledBatch, compile_batch
+from benchmarks.machine import machine_info, utc_now, write_json
 from tests.chaos.client import TASK, inputs
 from tests.support.redis_server import RedisServer
 from tests.support.tools import Answer, cached_lookup, lookup
-
-from .machine import machine_info, utc_now, write_json
 
 GRACE_MS = 30_000
 MODES = ("chunked", "single_exec")

@@ -35,12 +35,12 @@ def run_one(spec: str) -> dict[str, Any]:
     import redis
 
     from agentbatch import submit_batch
+    from agentbatch.distributed.state.keys import BatchKeys
+    from agentbatch.distributed.workers import sweep
+    from agentbatch.distributed.workers.context import WorkerContext
+    from agentbatch.distributed.workers.settings import WorkerSettings
     from agentbatch.sim.config import SimConfig
     from agentbatch.sim.process import SimProcess
-    from agentbatch.state.keys import BatchKeys
-    from agentbatch.workers import sweep
-    from agentbatch.workers.context import WorkerContext
-    from agentbatch.workers.settings import WorkerSettings
     from tests.support.redis_server import RedisServer
 
     server = RedisServer().start()

@@ -15,8 +15,8 @@ import time
 
 import redis
 
-from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, make_app
-from agentbatch.workers.dispatch import Followup, publish
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, make_app
+from agentbatch.distributed.workers.dispatch import Followup, publish
 
 app = make_app(os.environ.get("AGENTBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
 DONE_KEY = "floor:done"

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .report import RESULTS_DIR
+from benchmarks.report import RESULTS_DIR
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "peers.png"
 

@@ -51,11 +51,10 @@ from typing import Any
 
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks.bench_distributed import ROUNDS, cpu_seconds, fleet_arguments, run_agentbatch
+from benchmarks.machine import REPO, machine_info, utc_now, write_json
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerProcess
-
-from .bench_distributed import ROUNDS, cpu_seconds, fleet_arguments, run_agentbatch
-from .machine import REPO, machine_info, utc_now, write_json
 
 AGENTBATCH_PARTS = ("state", "workers", "orchestrator", "backends", "toolpool")
 STDLIB_IO = ("threading", "selectors", "socket", "ssl")
@@ -451,7 +450,7 @@ def _short_row(r: dict[str, Any]) -> dict[str, Any]:
 
 def yappi_run(server: RedisServer, backend: str, args: argparse.Namespace,
               out_dir: Path) -> dict[str, Any]:
-    from .yappi_worker import STARTED_SUFFIX, WINDOW_END, WINDOW_START
+    from benchmarks.yappi_worker import STARTED_SUFFIX, WINDOW_END, WINDOW_START
 
     out = out_dir / "yappi-b0.json"
     started = Path(str(out) + STARTED_SUFFIX)
@@ -522,7 +521,7 @@ def yappi_run(server: RedisServer, backend: str, args: argparse.Namespace,
 # --- main ----------------------------------------------------------------------------------
 
 def summary(report: dict[str, Any]) -> str:
-    from .report import render_profile_fleet
+    from benchmarks.report import render_profile_fleet
 
     lines = [render_profile_fleet(report)]
     y = report.get("yappi")

@@ -520,7 +520,7 @@ def render_profile_fleet(data: dict[str, Any]) -> str:
 
 def render_cost(data: dict[str, Any]) -> str:
     """bench_cost.py's table (also in docs/cost.md), under a heading."""
-    from .bench_cost import render
+    from benchmarks.bench_cost import render
 
     return "### Cost: all-sync, all-batch and `pricing=\"auto\"` under three deadlines\n\n" + \
         render(data)

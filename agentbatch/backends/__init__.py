@@ -4,12 +4,12 @@ HTTP drivers are imported on first use via ``backend_from_url``; importing this 
 cheap and needs no optional dependency.
 """
 
-from .aimd import AdaptiveBackend, AIMDController
-from .base import Backend, BackendCapabilities, ServerLoad
-from .pool import EndpointPool, parse_hostfile
-from .registry import backend_from_url, register_driver
-from .retry import RetryingBackend, RetryPolicy
-from .urls import KNOWN_SCHEMES, BackendTarget, parse_backend_url
+from agentbatch.backends.aimd import AdaptiveBackend, AIMDController
+from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
+from agentbatch.backends.pool import EndpointPool, parse_hostfile
+from agentbatch.backends.registry import backend_from_url, register_driver
+from agentbatch.backends.retry import RetryingBackend, RetryPolicy
+from agentbatch.backends.urls import KNOWN_SCHEMES, BackendTarget, parse_backend_url
 
 __all__ = [
     "KNOWN_SCHEMES",

@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..errors import RateLimited
-from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendWrapper
+from agentbatch.backends.base import Backend, BackendWrapper
+from agentbatch.core.errors import RateLimited
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import BackendTimeout, BackendUnavailable
-from . import limits
-from .http_errors import error_for_status, redact
-from .http_session import CONNECT_TIMEOUT_S, KEEPALIVE_EXPIRY_S, encode_json
+from agentbatch.backends import limits
+from agentbatch.backends.http_errors import error_for_status, redact
+from agentbatch.backends.http_session import CONNECT_TIMEOUT_S, KEEPALIVE_EXPIRY_S, encode_json
+from agentbatch.core.errors import BackendTimeout, BackendUnavailable
 
 
 class AiohttpSession:

@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 
-from ..errors import ConfigError
-from ..model_io import ModelRequest, ModelResponse
-from .anthropic_convert import DEFAULT_MAX_TOKENS, build_body, parse_response
-from .api_keys import API_KEYS_ENV
-from .base import Backend, BackendCapabilities
-from .http_session import HttpSession
-from .urls import ANTHROPIC_HOST, BackendTarget, parse_backend_url
+from agentbatch.backends.anthropic_convert import DEFAULT_MAX_TOKENS, build_body, parse_response
+from agentbatch.backends.api_keys import API_KEYS_ENV
+from agentbatch.backends.base import Backend, BackendCapabilities
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.backends.urls import ANTHROPIC_HOST, BackendTarget, parse_backend_url
+from agentbatch.core.errors import ConfigError
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 
 ANTHROPIC_KEY_ENV = "ANTHROPIC_API_KEY"
 ANTHROPIC_VERSION = "2023-06-01"

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ServerError
-from ..model_io import ModelRequest, ModelResponse, ToolCall, Usage
-from .message_blocks import (
+from agentbatch.backends.message_blocks import (
     Block,
     Image,
     Text,
@@ -23,7 +21,9 @@ from .message_blocks import (
     split_messages,
     stop_reason,
 )
-from .openai_parse import _as_int, parse_arguments
+from agentbatch.backends.openai_parse import _as_int, parse_arguments
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, Usage
 
 DEFAULT_MAX_TOKENS = 4096
 CACHE = {"type": "ephemeral"}

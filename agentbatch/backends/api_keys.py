@@ -23,7 +23,7 @@ import os
 import re
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from agentbatch.core.errors import ConfigError
 
 API_KEYS_ENV = "AGENTBATCH_API_KEYS"
 KEY_ENV_OPTION = "api_key_env"

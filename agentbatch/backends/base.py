@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendError
-from ..model_io import Message, ModelRequest, ModelResponse
+from agentbatch.core.errors import BackendError
+from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
-    from ..orchestrator.plan import BatchPlan
+    from agentbatch.core.plan import BatchPlan
 
 RetryListener = Callable[[BaseException], None]
 
@@ -46,7 +46,7 @@ class ServerLoad:
 
 
 class Backend(ABC):
-    """A model server. ``complete`` raises ``agentbatch.errors.BackendError`` subclasses.
+    """A model server. ``complete`` raises ``agentbatch.core.errors.BackendError`` subclasses.
 
     Every hook below has a default meaning "this backend does not do that"; a driver overrides
     the ones it supports, and a wrapper (``BackendWrapper``) forwards each to its inner backend.

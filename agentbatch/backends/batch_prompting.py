@@ -26,10 +26,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..errors import BackendError, ServerError
-from ..model_io import Message, ModelResponse, Usage
-from .microbatch import message_text
-from .openai_parse import parse_usage
+from agentbatch.backends.microbatch import message_text
+from agentbatch.backends.openai_parse import parse_usage
+from agentbatch.core.errors import BackendError, ServerError
+from agentbatch.core.model_io import Message, ModelResponse, Usage
 
 log = logging.getLogger(__name__)
 

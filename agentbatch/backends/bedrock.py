@@ -18,7 +18,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import (
+from agentbatch.backends.base import Backend, BackendCapabilities
+from agentbatch.backends.bedrock_convert import DEFAULT_MAX_TOKENS, converse_params, parse_converse
+from agentbatch.backends.http_errors import truncate
+from agentbatch.backends.urls import BackendTarget, parse_backend_url
+from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -27,11 +31,7 @@ from ..errors import (
     RateLimited,
     ServerError,
 )
-from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendCapabilities
-from .bedrock_convert import DEFAULT_MAX_TOKENS, converse_params, parse_converse
-from .http_errors import truncate
-from .urls import BackendTarget, parse_backend_url
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 
 DEFAULT_TIMEOUT_S = 300.0
 CONNECT_TIMEOUT_S = 10.0

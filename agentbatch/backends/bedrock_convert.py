@@ -15,9 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import ServerError
-from ..model_io import ModelRequest, ModelResponse, ToolCall, Usage
-from .message_blocks import (
+from agentbatch.backends.message_blocks import (
     Block,
     Image,
     Text,
@@ -30,7 +28,9 @@ from .message_blocks import (
     stop_reason,
     tool_names,
 )
-from .openai_parse import _as_int, parse_arguments
+from agentbatch.backends.openai_parse import _as_int, parse_arguments
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, Usage
 
 DEFAULT_MAX_TOKENS = 4096
 EMPTY_RESULT = "(empty)"  # Bedrock has rejected blank text in tool results; never risk it

@@ -32,11 +32,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendError
-from ..model_io import ModelResponse
+from agentbatch.core.errors import BackendError
+from agentbatch.core.model_io import ModelResponse
 
 if TYPE_CHECKING:
-    from .base import Backend
+    from agentbatch.backends.base import Backend
 
 MIN_SAMPLES = 20  # answers an endpoint must have given before its p95 counts
 WINDOW = 200  # the latencies each endpoint keeps (the running p95 follows the recent ones)
@@ -227,8 +227,8 @@ def enable_hedging(backend: Backend, hedge_after: float | None) -> None:
     has made sure there is one, of >= 2 endpoints, when ``hedge_after`` is set)."""
     if hedge_after is None:
         return
-    from .base import BackendWrapper
-    from .pool import EndpointPool
+    from agentbatch.backends.base import BackendWrapper
+    from agentbatch.backends.pool import EndpointPool
 
     while isinstance(backend, BackendWrapper):
         backend = backend.inner
@@ -244,8 +244,8 @@ def check_hedge_after(value: Any, backend: Any, *, redis_url: str | None,
     Raises ``BatchSpecError`` naming it."""
     if value is None:
         return
-    from ..errors import BatchSpecError
-    from .setup import expand_backend_urls
+    from agentbatch.backends.setup import expand_backend_urls
+    from agentbatch.core.errors import BatchSpecError
 
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value <= 1):

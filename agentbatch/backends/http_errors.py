@@ -15,7 +15,7 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from ..errors import (
+from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,

@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
-from ..errors import BackendTimeout, BadRequest
-from . import limits
-from .http_errors import error_for_exception, error_for_status
+from agentbatch.backends import limits
+from agentbatch.backends.http_errors import error_for_exception, error_for_status
+from agentbatch.core.errors import BackendTimeout, BadRequest
 
 CONNECT_TIMEOUT_S = 10.0
 # Below uvicorn's 5 s keep-alive default, so we rarely reuse a socket the server just closed.

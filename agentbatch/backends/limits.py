@@ -15,8 +15,8 @@ import os
 from collections.abc import AsyncIterable
 from typing import Any
 
-from ..errors import ConfigError, ServerError
-from .http_errors import redact
+from agentbatch.backends.http_errors import redact
+from agentbatch.core.errors import ConfigError, ServerError
 
 MAX_RESPONSE_BYTES_ENV = "AGENTBATCH_MAX_RESPONSE_BYTES"
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024

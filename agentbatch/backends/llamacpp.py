@@ -27,15 +27,21 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendError, BackendUnavailable, BatchSpecError, ConfigError, ServerError
-from ..model_io import Message, ModelRequest, ModelResponse
-from .base import BackendCapabilities
-from .batch_prompting import ServerTemplate, text_conversations
-from .gbnf import Unsupported, split_gbnf, to_gbnf
-from .openai_compat import OpenAICompatBackend, response_format
+from agentbatch.backends.base import BackendCapabilities
+from agentbatch.backends.batch_prompting import ServerTemplate, text_conversations
+from agentbatch.backends.gbnf import Unsupported, split_gbnf, to_gbnf
+from agentbatch.backends.openai_compat import OpenAICompatBackend, response_format
+from agentbatch.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    BatchSpecError,
+    ConfigError,
+    ServerError,
+)
+from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
-    from ..orchestrator.plan import BatchPlan
+    from agentbatch.core.plan import BatchPlan
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +273,7 @@ class LlamaCppBackend(OpenAICompatBackend):
                 load = await self.fetch_load()
                 if load is None or load.waiting > plan.max_server_waiting:
                     return  # the probe would jump the queue the batch promised to respect
-            from ..orchestrator.render import warmup_request
+            from agentbatch.core.render import warmup_request
 
             await self.probe_cache(warmup_request(plan))
 

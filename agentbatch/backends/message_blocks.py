@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..model_io import Message
-from .openai_parse import content_text, parse_arguments
+from agentbatch.backends.openai_parse import content_text, parse_arguments
+from agentbatch.core.model_io import Message
 
 FIRST_TURN_PLACEHOLDER = "(continue)"
 _ID_BAD = re.compile(r"[^A-Za-z0-9_-]")

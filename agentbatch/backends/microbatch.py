@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BackendError, BackendTimeout, ServerError
-from ..model_io import Message, ModelRequest, ModelResponse, canonical_json
-from .base import Backend, BackendWrapper
+from agentbatch.backends.base import Backend, BackendWrapper
+from agentbatch.core.errors import BackendError, BackendTimeout, ServerError
+from agentbatch.core.model_io import Message, ModelRequest, ModelResponse, canonical_json
 
 log = logging.getLogger(__name__)
 

@@ -20,17 +20,17 @@ from typing import Any
 
 import httpx
 
-from ..errors import BackendError, BackendTimeout, ServerError
-from ..model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
-from .aiohttp_session import AiohttpSession
-from .base import Backend, BackendCapabilities, ServerLoad
-from .batch_prompting import run_batch
-from .http_session import HttpSession
-from .loop_guard import LoopGuard
-from .openai_parse import parse_chat_completion
-from .prom import PrefixCounters, parse_server_load
-from .sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, ToolCallListener
-from .urls import OPENAI_HOST, BackendTarget, parse_backend_url
+from agentbatch.backends.aiohttp_session import AiohttpSession
+from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
+from agentbatch.backends.batch_prompting import run_batch
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.backends.loop_guard import LoopGuard
+from agentbatch.backends.openai_parse import parse_chat_completion
+from agentbatch.backends.prom import PrefixCounters, parse_server_load
+from agentbatch.backends.sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, ToolCallListener
+from agentbatch.backends.urls import OPENAI_HOST, BackendTarget, parse_backend_url
+from agentbatch.core.errors import BackendError, BackendTimeout, ServerError
+from agentbatch.core.model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Any
 
-from ..errors import ServerError
-from ..model_io import ModelResponse, ToolCall, Usage, unique_call_ids
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelResponse, ToolCall, Usage, unique_call_ids
 
 MAX_RAW_ARGS_CHARS = 300
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
-from ..model_io import Message, ModelRequest, ModelResponse
-from .affinity import load_bound, rank
-from .base import Backend, ServerLoad
-from .hedge import Attempt, Hedger
+from agentbatch.backends.affinity import load_bound, rank
+from agentbatch.backends.base import Backend, ServerLoad
+from agentbatch.backends.hedge import Attempt, Hedger
+from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
+from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 log = logging.getLogger(__name__)
 

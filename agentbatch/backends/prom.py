@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .base import ServerLoad
+from agentbatch.backends.base import ServerLoad
 
 # What prometheus_client's parser raises on a malformed line (IndexError on some label sets).
 _PARSE_ERRORS = (ValueError, IndexError)

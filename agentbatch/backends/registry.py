@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import ConfigError
-from .base import Backend
-from .urls import STREAMABLE_SCHEMES, BackendTarget, parse_backend_url
+from agentbatch.backends.base import Backend
+from agentbatch.backends.urls import STREAMABLE_SCHEMES, BackendTarget, parse_backend_url
+from agentbatch.core.errors import ConfigError
 
 # scheme -> "module:factory"; the factory is called as factory(target, **options).
 _DRIVERS: dict[str, str] = {

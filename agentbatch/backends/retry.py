@@ -31,9 +31,9 @@ from tenacity import (
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from ..errors import BackendError, BackendTimeout
-from ..model_io import ModelRequest, ModelResponse
-from .base import Backend, BackendWrapper, RetryListener
+from agentbatch.backends.base import Backend, BackendWrapper, RetryListener
+from agentbatch.core.errors import BackendError, BackendTimeout
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 
 SleepFn = Callable[[float], Awaitable[None]]
 

@@ -16,16 +16,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import BackendError, BackendUnavailable, BatchSpecError
-from .aimd import AdaptiveBackend, AIMDController
-from .base import Backend, BackendWrapper
-from .registry import backend_from_url
-from .retry import RetryingBackend, RetryPolicy
+from agentbatch.backends.aimd import AdaptiveBackend, AIMDController
+from agentbatch.backends.base import Backend, BackendWrapper
+from agentbatch.backends.registry import backend_from_url
+from agentbatch.backends.retry import RetryingBackend, RetryPolicy
+from agentbatch.core.errors import BackendError, BackendUnavailable, BatchSpecError
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from ..orchestrator.plan import BatchPlan
+    from agentbatch.core.plan import BatchPlan
 
 HOSTED_SCHEMES = ("openai", "anthropic", "bedrock")
 HOSTFILE_DEFAULT_SCHEME = "http"
@@ -33,7 +33,7 @@ HOSTFILE_DEFAULT_SCHEME = "http"
 
 def expand_backend_urls(urls: list[str]) -> list[str]:
     """``urls`` with every ``@path`` hostfile replaced by the URLs it lists."""
-    from .pool import parse_hostfile
+    from agentbatch.backends.pool import parse_hostfile
 
     out: list[str] = []
     for url in urls:
@@ -75,14 +75,14 @@ def open_backend(
     if len(urls) == 1:
         inner = open_endpoint(urls[0], timeout=timeout, trust_key_env=trust_key_env)
     else:
-        from .pool import EndpointPool
+        from agentbatch.backends.pool import EndpointPool
 
         # Drivers connect lazily, so an error opening a later URL leaves nothing to close.
         inner = EndpointPool(
             [open_endpoint(u, timeout=timeout, trust_key_env=trust_key_env) for u in urls]
         )
     if batch_prompting:
-        from .microbatch import MicroBatchingBackend
+        from agentbatch.backends.microbatch import MicroBatchingBackend
 
         inner = MicroBatchingBackend(inner)
     return RetryingBackend(inner, policy or RetryPolicy())
@@ -115,7 +115,7 @@ def check_batch_prompting(urls: list[str], *, has_tools: bool) -> None:
 
 def endpoints(backend: Backend) -> list[Backend]:
     """The endpoint drivers under the wrapping layers (several for an ``EndpointPool``)."""
-    from .pool import EndpointPool
+    from agentbatch.backends.pool import EndpointPool
 
     while isinstance(backend, BackendWrapper):
         backend = backend.inner
@@ -129,7 +129,7 @@ def pool_stats(backend: Backend) -> dict[str, object] | None:
     ``handle.stats()["pool"]``: per endpoint (requests, errors, ejections, ejected) and the
     turns moved off their agent's home endpoint (``EndpointPool.moves``), and with
     ``hedge_after`` the hedging counters (``hedge.Hedger.stats``); None for one URL."""
-    from .pool import EndpointPool
+    from agentbatch.backends.pool import EndpointPool
 
     while isinstance(backend, BackendWrapper):
         backend = backend.inner
@@ -197,7 +197,7 @@ async def _check_queue_gauge(endpoint: Backend, max_waiting: int) -> None:
 async def warm_backend(backend: Backend, plan: BatchPlan) -> None:
     """Send the shared prefix once so the server caches it; an unreachable server fails here,
     before any agent is dispatched."""
-    from ..orchestrator.render import warmup_request
+    from agentbatch.core.render import warmup_request
 
     if not backend.capabilities.prefix_warming:
         return

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from ..errors import ServerError
-from ..model_io import ModelResponse, ToolCall
-from .limits import ResponseTooLarge
-from .openai_parse import parse_tool_calls, parse_usage
+from agentbatch.backends.limits import ResponseTooLarge
+from agentbatch.backends.openai_parse import parse_tool_calls, parse_usage
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelResponse, ToolCall
 
 log = logging.getLogger(__name__)
 

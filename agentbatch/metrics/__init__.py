@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    from ..model_io import ModelResponse
-    from ..orchestrator.agent_state import AgentState
+    from agentbatch.core.agent_state import AgentState
+    from agentbatch.core.model_io import ModelResponse
 
 # Seconds: model calls last from ~10 ms (a small local model) to minutes (a long completion).
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..orchestrator.agent_state import AgentStatus
+from agentbatch.core.agent_state import AgentStatus
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,15 @@ class RedisGauges:
     """``agentbatch_queue_depth`` and ``agentbatch_agents`` from Redis, in one pipeline."""
 
     def __init__(self, redis_url: str) -> None:
-        from ..state.connection import sync_client
-        from ..workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
+        from agentbatch.distributed.state.connection import sync_client
+        from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 
         self.client = sync_client(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self.lists = [(q, p, name) for q in (INFERENCE_QUEUE, TOOLS_QUEUE)
                       for p, name in queue_lists(q, PRIORITY_STEPS)]
 
     def collect(self) -> Iterator[Any]:
-        from ..state.keys import ACTIVE_BATCHES, BatchKeys
+        from agentbatch.distributed.state.keys import ACTIVE_BATCHES, BatchKeys
 
         queue, agents = _families()
         try:
@@ -94,7 +94,7 @@ class EmbeddedGauges:
     """The same names from this process's running embedded batches."""
 
     def collect(self) -> Iterator[Any]:
-        from ..orchestrator.embedded_handle import _live
+        from agentbatch.embedded.handle import _live
 
         queue, agents = _families()
         counts = dict.fromkeys(_STATES, 0)

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import BatchSpecError, ConfigError
-from . import created, metrics
+from agentbatch.core.errors import BatchSpecError, ConfigError
+from agentbatch.metrics import created, metrics
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -117,7 +117,7 @@ def serve_embedded(port: int) -> Any:
     """The embedded engine's ``/metrics``: the same names as a worker's, its gauges read from
     this process's running batches. One server per process and port, kept for the process's
     life (counters keep counting across batches, as Prometheus expects)."""
-    from .collectors import EmbeddedGauges
+    from agentbatch.metrics.collectors import EmbeddedGauges
 
     host = os.environ.get(HOST_ENV) or "127.0.0.1"
     return serve(port, host, [EmbeddedGauges()])

@@ -11,9 +11,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..backends.registry import backend_from_url
-from ..backends.setup import expand_backend_urls
-from ..errors import BatchSpecError
+from agentbatch.backends.registry import backend_from_url
+from agentbatch.backends.setup import expand_backend_urls
+from agentbatch.core.errors import BatchSpecError
 
 
 def endpoint_urls(backend: str | Sequence[str] | None, *, who: str) -> list[str]:

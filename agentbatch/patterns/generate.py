@@ -24,12 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..backends.setup import open_backend
-from ..errors import BackendError, BatchSpecError
-from ..model_io import Message, ModelRequest
-from ..orchestrator.output import OutputContract
-from ..results import AgentError, AgentResult
-from .endpoints import check_prompts, endpoint_urls, pool_can_batch
+from agentbatch.backends.setup import open_backend
+from agentbatch.core.errors import BackendError, BatchSpecError
+from agentbatch.core.model_io import Message, ModelRequest
+from agentbatch.core.output import OutputContract
+from agentbatch.core.results import AgentError, AgentResult
+from agentbatch.patterns.endpoints import check_prompts, endpoint_urls, pool_can_batch
 
 DEFAULT_MAX_INFLIGHT = 256
 

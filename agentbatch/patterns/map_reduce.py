@@ -14,12 +14,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..api import arun_batch, run_batch
-from ..errors import BatchSpecError
-from ..orchestrator.compile import template_fields
-from ..results import AgentResult
-from .pipeline_error import PipelineError
-from .reduce import REDUCE_TASK, Reduced, ReduceSpec, areduce_levels, chained_url, reduce_levels
+from agentbatch.api import arun_batch, run_batch
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentResult
+from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.reduce import (
+    REDUCE_TASK,
+    Reduced,
+    ReduceSpec,
+    areduce_levels,
+    chained_url,
+    reduce_levels,
+)
+from agentbatch.turnloop.compile import template_fields
 
 ITEM_FIELD = "item"  # the task template's field for one plan item
 _REDUCE_OPTIONS = ("reduce_backend", "reduce_tools", "reduce_fan_in", "reduce_context_tokens")
@@ -114,8 +121,8 @@ def _chained(p: _Pipeline, url: str) -> tuple[list[AgentResult], Reduced]:
     """Distributed: the workers chain plan -> map -> reduce (``pipeline_chain.py``); this
     process submits the planner and waits on the pipeline. ``on_result`` sees the map
     results when the pipeline is done."""
-    from .pipeline_handle import new_pipeline_id, start_pipeline
-    from .pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
+    from agentbatch.patterns.pipeline_handle import new_pipeline_id, start_pipeline
+    from agentbatch.patterns.pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
 
     pid = check_pipeline_id(new_pipeline_id(p.map_kwargs.get("batch_id")))
     plan_task, plan_inputs = p.plan_args

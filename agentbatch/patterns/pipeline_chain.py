@@ -20,19 +20,19 @@ from typing import Any
 
 import redis
 
-from ..errors import BatchSpecError
-from ..orchestrator.compile import CompiledBatch, compile_batch
-from ..orchestrator.options import BatchOptions
-from ..orchestrator.runtime import import_object
-from ..results import AgentResult
-from ..state.connection import sync_client
-from ..state.keys import BatchKeys, PipelineKeys
-from ..state.redis_store import DEFAULT_RETENTION_S, retention_ms
-from ..state.replies import range_entries
-from .map_reduce import plan_map_inputs
-from .pipeline_error import PipelineError
-from .pipeline_spec import PipelineSpec, StageSpec
-from .reduce import REDUCE_TASK, ReduceSpec
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.options import BatchOptions
+from agentbatch.core.results import AgentResult
+from agentbatch.distributed.state.connection import sync_client
+from agentbatch.distributed.state.keys import BatchKeys, PipelineKeys
+from agentbatch.distributed.state.redis_store import DEFAULT_RETENTION_S, retention_ms
+from agentbatch.distributed.state.replies import range_entries
+from agentbatch.patterns.map_reduce import plan_map_inputs
+from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.pipeline_spec import PipelineSpec, StageSpec
+from agentbatch.patterns.reduce import REDUCE_TASK, ReduceSpec
+from agentbatch.turnloop.compile import CompiledBatch, compile_batch
+from agentbatch.turnloop.runtime import import_object
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def submit_stage(spec: PipelineSpec, n: int, task: str, inputs: list[Any], redis
                  prepared: tuple[CompiledBatch, BatchOptions] | None = None) -> bool:
     """Submit stage ``n`` (``prepared`` by ``stage_batch``, or built here); False when that
     batch exists already (another delivery submitted it)."""
-    from ..orchestrator.distributed_submit import submit_distributed
+    from agentbatch.distributed.submit import submit_distributed
 
     compiled, opts = prepared or stage_batch(spec, n, task, inputs, redis_url)
     try:

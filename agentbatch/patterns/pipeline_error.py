@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import AgentBatchError
-from ..results import AgentResult
+from agentbatch.core.errors import AgentBatchError
+from agentbatch.core.results import AgentResult
 
 
 class PipelineError(AgentBatchError):

@@ -20,19 +20,24 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import BatchSpecError
-from ..orchestrator.output import OutputContract
-from ..orchestrator.runtime import import_object
-from ..results import AgentResult
-from ..state.connection import mask_url, sync_client
-from ..state.keys import BatchKeys, PipelineKeys
-from ..state.redis_store import retention_ms
-from ..workers.app import INFERENCE_QUEUE, PIPELINE_TASK, PRIORITY_STEPS, client_app
-from ..workers.dispatch import Followup, publish
-from ..workers.settings import WorkerSettings
-from .pipeline_chain import stage_batch, stage_of, stage_results, submit_stage
-from .pipeline_error import PipelineError
-from .pipeline_spec import PipelineSpec
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.output import OutputContract
+from agentbatch.core.results import AgentResult
+from agentbatch.distributed.state.connection import mask_url, sync_client
+from agentbatch.distributed.state.keys import BatchKeys, PipelineKeys
+from agentbatch.distributed.state.redis_store import retention_ms
+from agentbatch.distributed.workers.app import (
+    INFERENCE_QUEUE,
+    PIPELINE_TASK,
+    PRIORITY_STEPS,
+    client_app,
+)
+from agentbatch.distributed.workers.dispatch import Followup, publish
+from agentbatch.distributed.workers.settings import WorkerSettings
+from agentbatch.patterns.pipeline_chain import stage_batch, stage_of, stage_results, submit_stage
+from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.pipeline_spec import PipelineSpec
+from agentbatch.turnloop.runtime import import_object
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5

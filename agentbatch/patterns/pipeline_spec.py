@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ..errors import BatchSpecError
-from ..orchestrator.import_allowlist import check_import_path, check_not_main
-from ..orchestrator.options import BatchOptions
-from ..orchestrator.runtime import import_object
-from ..orchestrator.validate import check_batch_id
-from ..toolpool.tool import Tool
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.import_allowlist import check_import_path, check_not_main
+from agentbatch.core.options import BatchOptions
+from agentbatch.core.tool import Tool
+from agentbatch.turnloop.runtime import import_object
+from agentbatch.turnloop.validate import check_batch_id
 
 # Options a chained stage does not carry: the submitter's own (callbacks, display, its Redis
 # URL: the worker uses its own), the stage's id (derived), what the distributed engine refuses.
@@ -126,7 +126,7 @@ def _schema_path(schema: Any) -> str | None:
 def resolved(task: str, inputs: Any, kwargs: Mapping[str, Any]) -> BatchOptions:
     """The options a ``run_batch(task, inputs, **kwargs)`` would run with (environment
     defaults filled in), without compiling."""
-    from ..api import _options_for  # unknown keywords get the public "did you mean"
+    from agentbatch.api import _options_for  # unknown keywords get the public "did you mean"
 
     return _options_for("run_batch", (task, inputs), dict(kwargs))
 

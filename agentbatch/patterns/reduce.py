@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..api import arun_batch, run_batch
-from ..errors import BatchSpecError, UnknownParameter
-from ..results import AgentResult
-from .pipeline_error import PipelineError
-from .reduce_prompt import (
+from agentbatch.api import arun_batch, run_batch
+from agentbatch.core.errors import BatchSpecError, UnknownParameter
+from agentbatch.core.results import AgentResult
+from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.reduce_prompt import (
     CHARS_PER_TOKEN,
     check_fan_in,
     check_reduce_schema,
@@ -177,8 +177,8 @@ def run_chained_reduce(task: str, inputs: Iterable[Any], spec: ReduceSpec, url: 
                        ) -> tuple[list[AgentResult], Reduced]:
     """The distributed ``run_with_reduce``: workers chain the stages (``pipeline_chain``);
     this process submits the map and waits on the pipeline, so dying loses nothing."""
-    from .pipeline_handle import new_pipeline_id, start_pipeline
-    from .pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
+    from agentbatch.patterns.pipeline_handle import new_pipeline_id, start_pipeline
+    from agentbatch.patterns.pipeline_spec import PipelineSpec, check_pipeline_id, stage_spec
 
     pid = check_pipeline_id(new_pipeline_id(spec.kwargs.get("batch_id")))
     pipeline = PipelineSpec(pipeline_id=pid, map=stage_spec(task, spec.kwargs),

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import BatchSpecError
-from ..orchestrator.compile import template_fields
-from ..results import AgentResult
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentResult
+from agentbatch.turnloop.compile import template_fields
 
 # The fields a reduce template may name; each is filled per reduce agent.
 REDUCE_FIELDS = {

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..api import arun_batch, run_batch
-from ..errors import BatchSpecError
-from ..results import AgentResult
-from .endpoints import check_prompts, endpoint_urls, pool_can_batch
+from agentbatch.api import arun_batch, run_batch
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentResult
+from agentbatch.patterns.endpoints import check_prompts, endpoint_urls, pool_can_batch
 
 TASK = "{prompt}"
 # run_batch arguments these patterns set themselves: a caller's value would be overridden.

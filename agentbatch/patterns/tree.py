@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import BatchSpecError
-from ..results import AgentResult
-from .reduce import Reduced, arun_with_reduce, run_with_reduce
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentResult
+from agentbatch.patterns.reduce import Reduced, arun_with_reduce, run_with_reduce
 
 LEAF_TASK = "{item}"
 SUPERVISOR = ("You supervise {n} workers ({failed} of them failed). Combine their answers "

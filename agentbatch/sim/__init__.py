@@ -5,9 +5,9 @@ text decide tool calls, answers and faults; a fixed-latency or GPU-like continuo
 scheduler decides timing; ``/metrics`` speaks vLLM's metric names.
 """
 
-from .config import DEFAULT_MODEL, SimConfig, parse_fault_rates
-from .process import SimProcess, free_port
-from .server import SimServer, build_app, run_sim
+from agentbatch.sim.config import DEFAULT_MODEL, SimConfig, parse_fault_rates
+from agentbatch.sim.process import SimProcess, free_port
+from agentbatch.sim.server import SimServer, build_app, run_sim
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .config import SimConfig, parse_fault_rates
-from .server import run_sim
-from .tokens import MAX_MODEL_LEN
+from agentbatch.sim.config import SimConfig, parse_fault_rates
+from agentbatch.sim.server import run_sim
+from agentbatch.sim.tokens import MAX_MODEL_LEN
 
 
 def build_parser() -> argparse.ArgumentParser:

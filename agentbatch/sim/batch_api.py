@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .batch_jobs import Item, Job, make_job
-from .config import SimConfig
-from .openai_shapes import chat_completion, error_body, usage
-from .script import content_text
+from agentbatch.sim.batch_jobs import Item, Job, make_job
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.openai_shapes import chat_completion, error_body, usage
+from agentbatch.sim.script import content_text
 
 CHAT_URL = "/v1/chat/completions"
 

@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .config import SimConfig
-from .model import completion_cost, plan_chat
-from .script import Reply, content_text
-from .tokens import count_tokens, render_chat
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.model import completion_cost, plan_chat
+from agentbatch.sim.script import Reply, content_text
+from agentbatch.sim.tokens import count_tokens, render_chat
 
 Outcome = Literal["processing", "succeeded", "errored", "expired", "canceled"]
 DIRECTIVE = "@simbatch "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .faults import parse_fault_rates
-from .tokens import MAX_MODEL_LEN
+from agentbatch.sim.faults import parse_fault_rates
+from agentbatch.sim.tokens import MAX_MODEL_LEN
 
 DEFAULT_MODEL = "agentbatch-sim"
 

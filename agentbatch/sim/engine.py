@@ -14,9 +14,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from .config import SimConfig
-from .metrics import SimStats
-from .tokens import BLOCK_TOKENS, PrefixCache, cached_tokens
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.metrics import SimStats
+from agentbatch.sim.tokens import BLOCK_TOKENS, PrefixCache, cached_tokens
 
 log = logging.getLogger(__name__)
 

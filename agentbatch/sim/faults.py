@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from ..model_io import canonical_json
-from .script import EmittedCall, FailSpec, Reply, ToolCallSpec, tool_call_id
+from agentbatch.core.model_io import canonical_json
+from agentbatch.sim.script import EmittedCall, FailSpec, Reply, ToolCallSpec, tool_call_id
 
 FAULT_KINDS = ("malformed_json", "bad_tool_call", "http_500", "http_429", "timeout")
 HTTP_FAULTS = frozenset({"http_500", "http_429"})

@@ -10,11 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ..model_io import Message, canonical_json
-from .engine import QueueFull, Sequence
-from .faults import HTTP_FAULTS, Fault, faulted_reply, faulted_text
-from .model import completion_cost, plan_chat, plan_completion
-from .openai_shapes import (
+from agentbatch.core.model_io import Message, canonical_json
+from agentbatch.sim.engine import QueueFull, Sequence
+from agentbatch.sim.faults import HTTP_FAULTS, Fault, faulted_reply, faulted_text
+from agentbatch.sim.model import completion_cost, plan_chat, plan_completion
+from agentbatch.sim.openai_shapes import (
     SSE_DONE,
     ChunkMaker,
     chat_completion,
@@ -25,9 +25,9 @@ from .openai_shapes import (
     text_completion,
     usage,
 )
-from .script import Reply
-from .state import SimState
-from .tokens import (
+from agentbatch.sim.script import Reply
+from agentbatch.sim.state import SimState
+from agentbatch.sim.tokens import (
     TEMPLATE_TURN,
     block_hashes,
     count_tokens,

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model_io import Message, canonical_json
-from .schema_fill import fill_schema
-from .script import Script, ToolCallSpec, content_text, done_calls, pending_round
+from agentbatch.core.model_io import Message, canonical_json
+from agentbatch.sim.schema_fill import fill_schema
+from agentbatch.sim.script import Script, ToolCallSpec, content_text, done_calls, pending_round
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model_io import Message
-from .json_turns import answered_in_text, plan_json_turn, turn_forms
-from .schema_fill import fill_schema
-from .script import (
+from agentbatch.core.model_io import Message
+from agentbatch.sim.json_turns import answered_in_text, plan_json_turn, turn_forms
+from agentbatch.sim.schema_fill import fill_schema
+from agentbatch.sim.script import (
     Reply,
     Script,
     ToolCallSpec,

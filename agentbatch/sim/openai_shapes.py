@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from .script import EmittedCall, Reply
+from agentbatch.sim.script import EmittedCall, Reply
 
 
 def usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import replace
 from typing import IO, Any
 
-from .config import SimConfig, config_to_argv
+from agentbatch.sim.config import SimConfig, config_to_argv
 
 
 def free_port(host: str = "127.0.0.1") -> int:

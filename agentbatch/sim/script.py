@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model_io import Message, canonical_json
+from agentbatch.core.model_io import Message, canonical_json
 
 PREFIX = "@sim"
 _NAME = re.compile(r"\s*([A-Za-z0-9_.:\-]+)\s*")
@@ -154,7 +154,7 @@ def _parse_calls(text: str, many: bool) -> list[ToolCallSpec]:
 
 
 def _parse_fail(rest: str, ordinal: int) -> FailSpec:
-    from .faults import FAULT_KINDS  # local: faults imports this module
+    from agentbatch.sim.faults import FAULT_KINDS  # local: faults imports this module
 
     words = rest.split()
     if not words or words[0] not in FAULT_KINDS:

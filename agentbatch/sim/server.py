@@ -10,10 +10,10 @@ from typing import Any
 
 from aiohttp import web
 
-from . import batch_api, handlers
-from .config import SimConfig
-from .handlers import STATE
-from .state import SimState
+from agentbatch.sim import batch_api, handlers
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.handlers import STATE
+from agentbatch.sim.state import SimState
 
 # Bursts of 1,000+ new connections must not overflow the listen queue (SYN retries cost 1 s).
 BACKLOG = 4096

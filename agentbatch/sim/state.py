@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .config import SimConfig
-from .engine import make_engine
-from .faults import Fault, FaultState, RandomFaults
-from .metrics import SimStats, render_prometheus
-from .script import FailSpec
-from .tokens import PrefixCache
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.engine import make_engine
+from agentbatch.sim.faults import Fault, FaultState, RandomFaults
+from agentbatch.sim.metrics import SimStats, render_prometheus
+from agentbatch.sim.script import FailSpec
+from agentbatch.sim.tokens import PrefixCache
 
 
 class SimState:

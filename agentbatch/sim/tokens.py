@@ -14,8 +14,8 @@ import math
 from collections import OrderedDict
 from typing import Any
 
-from ..model_io import Message, canonical_json
-from .script import content_text
+from agentbatch.core.model_io import Message, canonical_json
+from agentbatch.sim.script import content_text
 
 CHARS_PER_TOKEN = 4
 BLOCK_TOKENS = 16

@@ -6,20 +6,20 @@ Importing this package also attaches the built-in tools as ``Tool.read_file``,
 
 from __future__ import annotations
 
-from .builtins import (
+from agentbatch.core.tool import Tool, resolve_tool, tool
+from agentbatch.core.tool_context import ToolContext
+from agentbatch.core.tool_schema import ArgumentsInvalid, validate_arguments
+from agentbatch.toolpool.builtins import (
     http_get,
     read_file,
     read_file_tool,
     set_web_search_provider,
     web_search,
 )
-from .cache import ResultCache, TTLCache
-from .coalesce import Coalescer, InflightCoalescer, NoCoalescing
-from .context import ToolContext
-from .pool import ToolPool
-from .ratelimit import TokenBucket
-from .schema import ArgumentsInvalid, validate_arguments
-from .tool import Tool, resolve_tool, tool
+from agentbatch.toolpool.cache import ResultCache, TTLCache
+from agentbatch.toolpool.coalesce import Coalescer, InflightCoalescer, NoCoalescing
+from agentbatch.toolpool.pool import ToolPool
+from agentbatch.toolpool.ratelimit import TokenBucket
 
 __all__ = [
     "ArgumentsInvalid",

@@ -21,11 +21,16 @@ from typing import Annotated, Any
 import httpx
 from pydantic import Field
 
-from ..errors import ToolError
-from .confined_read import read_confined
-from .pool import to_text
-from .public_http import HTTP_ALLOW_ENV, fetch_public, http_allowlist, public_client
-from .tool import Tool, is_async_callable, tool
+from agentbatch.core.errors import ToolError
+from agentbatch.core.tool import Tool, is_async_callable, tool
+from agentbatch.toolpool.confined_read import read_confined
+from agentbatch.toolpool.pool import to_text
+from agentbatch.toolpool.public_http import (
+    HTTP_ALLOW_ENV,
+    fetch_public,
+    http_allowlist,
+    public_client,
+)
 
 __all__ = [
     "FILE_ROOT_ENV", "HTTP_ALLOW_ENV", "WEB_SEARCH_PROVIDER_ENV", "http_get", "read_file",

@@ -16,8 +16,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
-from ..errors import ToolError
-from .context import Lease, LocalLease
+from agentbatch.core.errors import ToolError
+from agentbatch.core.tool_context import Lease, LocalLease
 
 __all__ = ["Coalescer", "InflightCoalescer", "NoCoalescing", "Thunk"]
 

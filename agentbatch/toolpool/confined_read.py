@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from ..errors import ToolError
+from agentbatch.core.errors import ToolError
 
 __all__ = ["DENIED_TREES", "read_confined"]
 

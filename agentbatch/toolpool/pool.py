@@ -32,17 +32,17 @@ from typing import Any, cast
 import pydantic_core
 from pydantic import BaseModel
 
-from ..errors import BatchSpecError, ToolError
-from ..metrics import record_tool
-from ..model_io import ToolCall, ToolOutcome, canonical_json
-from .cache import ResultCache, TTLCache
-from .coalesce import Coalescer, InflightCoalescer
-from .context import Lease, ToolContext
-from .output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS, cap_output, check_limit
-from .ratelimit import TokenBucket
-from .schema import ArgumentsInvalid, ValidatedArgs
-from .sync_runner import run_sync
-from .tool import Tool, resolve_tool
+from agentbatch.core.errors import BatchSpecError, ToolError
+from agentbatch.core.model_io import ToolCall, ToolOutcome, canonical_json
+from agentbatch.core.tool import Tool, resolve_tool
+from agentbatch.core.tool_context import Lease, ToolContext
+from agentbatch.core.tool_output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS, cap_output, check_limit
+from agentbatch.core.tool_schema import ArgumentsInvalid, ValidatedArgs
+from agentbatch.metrics import record_tool
+from agentbatch.toolpool.cache import ResultCache, TTLCache
+from agentbatch.toolpool.coalesce import Coalescer, InflightCoalescer
+from agentbatch.toolpool.ratelimit import TokenBucket
+from agentbatch.toolpool.sync_runner import run_sync
 
 __all__ = ["ToolPool", "to_text"]
 

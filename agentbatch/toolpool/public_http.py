@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..errors import ToolError
+from agentbatch.core.errors import ToolError
 
 __all__ = [
     "HTTP_ALLOW_ENV", "MAX_REDIRECTS", "Allowlist", "address_refusal", "fetch_public",

@@ -35,8 +35,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..workloads import MODEL, SYSTEM_PROMPT, TOOL_NAME, ToolCounter, Workload, make_lookup
-from . import RunOutcome
+from benchmarks.peers import RunOutcome
+from benchmarks.workloads import MODEL, SYSTEM_PROMPT, TOOL_NAME, ToolCounter, Workload, make_lookup
 
 NAME = "batch_agent"
 LABEL = "batch-agent 0.2.0 (PyPI)"

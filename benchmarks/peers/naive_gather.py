@@ -19,7 +19,8 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from ..workloads import (
+from benchmarks.peers import RunOutcome
+from benchmarks.workloads import (
     MODEL,
     SYSTEM_PROMPT,
     TOOL_DESCRIPTION,
@@ -29,7 +30,6 @@ from ..workloads import (
     Workload,
     make_lookup,
 )
-from . import RunOutcome
 
 NAME = "naive_gather"
 LABEL = "naive asyncio.gather (aiohttp)"

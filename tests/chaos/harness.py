@@ -36,12 +36,12 @@ from typing import Any
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.orchestrator.distributed_handle import DistributedHandle
+from agentbatch.distributed.handle import DistributedHandle
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, TURN_TASK, client_app
+from agentbatch.distributed.workers.envelope import envelope
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
-from agentbatch.state.keys import BatchKeys
-from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE, TURN_TASK, client_app
-from agentbatch.workers.envelope import envelope
 from tests.chaos.client import dup_id_agents, step_bug_agents
 from tests.support.redis_server import RedisServer
 from tests.support.workers import REPO, WorkerProcess

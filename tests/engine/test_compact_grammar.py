@@ -16,9 +16,9 @@ import pytest
 from agentbatch.backends.gbnf import Unsupported, literal, to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.registry import backend_from_url
-from agentbatch.model_io import ModelRequest
-from agentbatch.orchestrator.json_tool_calling import union_schema
-from agentbatch.orchestrator.output import OutputContract
+from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.output import OutputContract
+from agentbatch.turnloop.json_tool_calling import union_schema
 from tests.engine.reviews import REVIEWS, TASK, Verdict
 from tests.engine.schemas import Outer
 

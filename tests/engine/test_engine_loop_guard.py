@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.prom import metric_sum, parse_prometheus
-from agentbatch.model_io import FINISH_LOOP, ModelRequest
-from agentbatch.orchestrator.json_tool_calling import instructions, union_schema
-from agentbatch.orchestrator.output import OutputContract
+from agentbatch.core.model_io import FINISH_LOOP, ModelRequest
+from agentbatch.core.output import OutputContract
+from agentbatch.turnloop.json_tool_calling import instructions, union_schema
 from tests.support.tools import price
 
 pytestmark = pytest.mark.engine

@@ -21,11 +21,11 @@ import pytest
 from agentbatch import AgentResult, submit_batch
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.prom import metric_sum, parse_prometheus
+from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.embedded.handle import EmbeddedHandle
 from agentbatch.engine import EnginePaths, LlamaServer
 from agentbatch.engine.server import free_port
-from agentbatch.model_io import ModelRequest, ModelResponse
-from agentbatch.orchestrator.embedded_handle import EmbeddedHandle
-from agentbatch.orchestrator.handle import BatchHandle
+from agentbatch.turnloop.handle import BatchHandle
 from tests.engine import reviews
 from tests.engine.reviews import REVIEWS, TASK, Verdict
 

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from agentbatch.backends.gbnf import split_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.registry import backend_from_url
-from agentbatch.model_io import ModelRequest
-from agentbatch.orchestrator.json_tool_calling import union_schema
-from agentbatch.orchestrator.output import OutputContract
+from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.output import OutputContract
+from agentbatch.turnloop.json_tool_calling import union_schema
 from tests.engine.reviews import REVIEWS, TASK, Verdict
 from tests.engine.schemas import Outer
 
@@ -122,7 +122,7 @@ async def test_a_reply_without_its_prefill_is_made_whole(monkeypatch: pytest.Mon
     """A server that returns only the continuation of a prefill (llama-server returns the
     whole reply) still yields the whole value."""
     from agentbatch.backends.openai_compat import OpenAICompatBackend
-    from agentbatch.model_io import ModelResponse
+    from agentbatch.core.model_io import ModelResponse
 
     async def continuation_only(self: Any, request: ModelRequest) -> ModelResponse:
         return ModelResponse(text='positive","reason":"kind staff"}')

@@ -18,9 +18,9 @@ import pytest
 
 from agentbatch import arun_batch
 from agentbatch.backends.llamacpp import CacheProbe, LlamaCppBackend, SlotPicker
+from agentbatch.core.model_io import ModelRequest
 from agentbatch.engine import EnginePaths, LlamaServer
 from agentbatch.engine.server import cache_defeating_flags
-from agentbatch.model_io import ModelRequest
 from tests.engine.reviews import TASK, Verdict, inputs
 
 pytestmark = pytest.mark.engine

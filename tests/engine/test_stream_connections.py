@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agentbatch.backends.llamacpp import LlamaCppBackend
-from agentbatch.errors import BackendError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BackendError
+from agentbatch.core.model_io import ModelRequest
 
 pytestmark = pytest.mark.engine
 

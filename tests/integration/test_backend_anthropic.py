@@ -14,8 +14,8 @@ from aiohttp import web
 
 from agentbatch.backends.anthropic import AnthropicBackend
 from agentbatch.backends.registry import backend_from_url
-from agentbatch.errors import BadRequest, ConfigError, RateLimited, ServerError
-from agentbatch.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome
+from agentbatch.core.errors import BadRequest, ConfigError, RateLimited, ServerError
+from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome
 
 API_KEY = "sk-ant-api03-SECRET-0123456789abcdef"
 

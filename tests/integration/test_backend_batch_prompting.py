@@ -11,8 +11,8 @@ from aiohttp import web
 
 from agentbatch.backends.batch_prompting import shares, split_usage
 from agentbatch.backends.openai_compat import OpenAICompatBackend
-from agentbatch.errors import ServerError
-from agentbatch.model_io import ModelResponse, Usage
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelResponse, Usage
 
 
 class CompletionsServer:

@@ -18,8 +18,8 @@ from aiohttp import web
 from agentbatch import run_batch
 from agentbatch.backends.limits import DEFAULT_MAX_RESPONSE_BYTES, MAX_RESPONSE_BYTES_ENV
 from agentbatch.backends.openai_compat import OpenAICompatBackend
-from agentbatch.errors import ConfigError, ServerError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import ConfigError, ServerError
+from agentbatch.core.model_io import ModelRequest
 
 MB = 1024 * 1024
 DEEP = 100_000

@@ -26,10 +26,10 @@ from agentbatch.backends.batch_prompting import ServerTemplate
 from agentbatch.backends.gbnf import split_gbnf, to_gbnf
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.registry import backend_from_url
-from agentbatch.errors import BatchSpecError, ConfigError
-from agentbatch.model_io import ModelRequest
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.options import BatchOptions
+from agentbatch.core.errors import BatchSpecError, ConfigError
+from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.options import BatchOptions
+from agentbatch.turnloop.compile import compile_batch
 from tests.support.http_server import ThreadedServer
 from tests.support.recording_http import RecordingServer
 from tests.support.tools import cached_lookup

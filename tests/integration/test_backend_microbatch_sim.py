@@ -11,7 +11,7 @@ import pytest
 
 from agentbatch.backends.microbatch import MicroBatchingBackend
 from agentbatch.backends.openai_compat import OpenAICompatBackend
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 

@@ -19,14 +19,14 @@ from aiohttp import web
 
 from agentbatch.backends.openai_compat import DynamoBackend, OpenAICompatBackend
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
-from agentbatch.errors import (
+from agentbatch.core.errors import (
     BackendTimeout,
     BackendUnavailable,
     BadRequest,
     RateLimited,
     ServerError,
 )
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -17,8 +17,8 @@ from aiohttp import web
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.pool import EndpointPool
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
-from agentbatch.errors import BackendUnavailable
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BackendUnavailable
+from agentbatch.core.model_io import ModelRequest
 
 
 def chat(text: str) -> dict[str, Any]:

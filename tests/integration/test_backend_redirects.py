@@ -14,8 +14,8 @@ import pytest
 
 from agentbatch.backends.anthropic import AnthropicBackend
 from agentbatch.backends.openai_compat import OpenAICompatBackend
-from agentbatch.errors import BadRequest
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BadRequest
+from agentbatch.core.model_io import ModelRequest
 from tests.support.recording_http import RecordingServer
 
 PROMPT = "the private prompt that must stay with A"

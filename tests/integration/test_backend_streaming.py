@@ -14,8 +14,8 @@ from aiohttp import web
 
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.sse import tool_call_listener
-from agentbatch.errors import BackendTimeout, RateLimited, ServerError
-from agentbatch.model_io import ModelRequest, ToolCall
+from agentbatch.core.errors import BackendTimeout, RateLimited, ServerError
+from agentbatch.core.model_io import ModelRequest, ToolCall
 
 TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from agentbatch import run_batch, submit_batch
 from agentbatch.backends.microbatch import chatml
 from agentbatch.backends.vllm import VLLMBackend
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ModelResponse
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ModelResponse
 from agentbatch.sim.server import SimServer
 from agentbatch.sim.tokens import TEMPLATE_GENERATION, render_template
 from tests.support.recording_http import RecordingServer

@@ -11,11 +11,11 @@ import asyncio
 
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.provider_batch import batch_client
-from agentbatch.model_io import ModelRequest
-from agentbatch.orchestrator.batch_turns import ProviderBatchTurns
+from agentbatch.core.model_io import ModelRequest
 from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig
+from agentbatch.turnloop.batch_turns import ProviderBatchTurns
 
 MODEL = "sim-model"
 BIG = 300

@@ -14,7 +14,7 @@ import redis
 from aiohttp import web
 
 from agentbatch import BatchSpecError, submit_batch
-from agentbatch.orchestrator.pricing import cost_usd
+from agentbatch.core.pricing import cost_usd
 from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig

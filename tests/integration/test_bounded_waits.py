@@ -17,7 +17,7 @@ import redis
 from aiohttp import web
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import BatchKeys, semaphore
+from agentbatch.distributed.state.keys import BatchKeys, semaphore
 from tests.support.http_server import ThreadedServer
 
 WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS": "tests.support"}

@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from agentbatch import BatchSpecError, run_batch, tool
-from agentbatch.checkpoint import DB_NAME
+from agentbatch.embedded.checkpoint import DB_NAME
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 from tests.support.workers import REPO

@@ -1,5 +1,5 @@
 """A distributed submit is written in chunks (no Redis command blocks for long), yet a batch
-is either whole and live or not there: see ``agentbatch.orchestrator.distributed_submit``.
+is either whole and live or not there: see ``agentbatch.distributed.submit``.
 
 Real redis-server, no workers (nothing consumes the queue, so what was enqueued is counted).
 """
@@ -18,11 +18,11 @@ import pytest
 import redis
 
 from agentbatch import RedisOutOfMemory, submit_batch
-from agentbatch.orchestrator import distributed_submit
-from agentbatch.orchestrator.distributed_submit import SubmitFailed, chunks
-from agentbatch.state.keys import ACTIVE_BATCHES, WATCH, BatchKeys
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
-from agentbatch.workers.envelope import queue_key
+from agentbatch.distributed import submit as distributed_submit
+from agentbatch.distributed.state.keys import ACTIVE_BATCHES, WATCH, BatchKeys
+from agentbatch.distributed.submit import SubmitFailed, chunks
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
+from agentbatch.distributed.workers.envelope import queue_key
 from tests.support.redis_server import RedisServer
 from tests.support.workers import REPO
 
@@ -141,7 +141,7 @@ def test_redis_killed_midway_is_a_clear_error(server, monkeypatch):
 SUBMITTER = """
 import sys
 from agentbatch import submit_batch
-from agentbatch.orchestrator import distributed_submit
+from agentbatch.distributed import submit as distributed_submit
 distributed_submit.CHUNK_ENTRIES = 1
 submit_batch("Agent {i}.", [{"i": i} for i in range(5000)], model="m",
              backend=%r, redis_url=sys.argv[1], warm_prefix=False)

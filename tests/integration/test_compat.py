@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from agentbatch import BatchSpecError, run_batch
-from agentbatch.errors import UnknownParameter
+from agentbatch.core.errors import UnknownParameter
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from agentbatch import run_batch, submit_batch, tool
-from agentbatch.errors import BatchSpecError
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 from agentbatch.sim.tokens import BLOCK_CHARS, BLOCK_TOKENS
-from agentbatch.state.keys import BatchKeys
 from tests.support.redis_monitor import MonitorRecorder
 
 CONTEXT = 8000  # the simulator's max_model_len, in its /tokenize tokens (code points)

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from agentbatch import BatchSpecError, run_batch, submit_batch
-from agentbatch.orchestrator.pricing import cost_usd
+from agentbatch.core.pricing import cost_usd
 from tests.support.tools import Answer, lookup
 
 PRICES = {"sim-model": {"prompt": 3.0, "cached_prompt": 0.3, "completion": 15.0},

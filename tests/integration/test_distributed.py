@@ -13,9 +13,9 @@ import redis
 from pydantic import BaseModel
 
 from agentbatch import BatchSpecError, ConfigError, get_batch, submit_batch, tool
-from agentbatch.state.keys import BatchKeys
-from agentbatch.state.redis_store import entry_state
-from agentbatch.workers.app import TOOL_TASK, TURN_TASK, client_app
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.state.redis_store import entry_state
+from agentbatch.distributed.workers.app import TOOL_TASK, TURN_TASK, client_app
 from tests.support.tools import Answer, always_fails, cached_lookup, lookup
 from tests.support.workers import REPO
 
@@ -212,7 +212,7 @@ def test_unportable_batches_are_refused_at_submit(redis_url, sim_url):
 
 
 def test_unreachable_backend_is_refused_at_warm_up_before_anything_is_written(redis_url):
-    from agentbatch.errors import BackendUnavailable
+    from agentbatch.core.errors import BackendUnavailable
 
     with pytest.raises(BackendUnavailable, match=r"warm-up.*nothing was enqueued"):
         submit_batch("x {i}", [{"i": 1}, {"i": 2}], model="m", backend="vllm://127.0.0.1:9",
@@ -222,8 +222,8 @@ def test_unreachable_backend_is_refused_at_warm_up_before_anything_is_written(re
 
 def test_consumer_watchdog_detects_a_stalled_consumer(redis_url):
     """``stalled()`` reads the real queue lists; the clock is fake (no timing in tests)."""
-    from agentbatch.workers.envelope import queue_key
-    from agentbatch.workers.watchdog import ConsumerWatchdog
+    from agentbatch.distributed.workers.envelope import queue_key
+    from agentbatch.distributed.workers.watchdog import ConsumerWatchdog
 
     client = redis.from_url(redis_url)
     now = [100.0]

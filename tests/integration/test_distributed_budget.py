@@ -15,15 +15,15 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.model_io import Usage
-from agentbatch.orchestrator.agent_state import AgentState
-from agentbatch.orchestrator.distributed_progress import DistributedProgress
-from agentbatch.orchestrator.plan import BatchPlan
-from agentbatch.state.connection import async_client
-from agentbatch.state.keys import BatchKeys
-from agentbatch.state.redis_store import BatchStore, state_entry, stored_state
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.transition import Transition
+from agentbatch.core.agent_state import AgentState
+from agentbatch.core.model_io import Usage
+from agentbatch.core.plan import BatchPlan
+from agentbatch.distributed.progress import DistributedProgress
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.state.redis_store import BatchStore, state_entry, stored_state
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.transition import Transition
 from tests.support.tools import Answer, lookup
 
 MODEL = "sim-model"

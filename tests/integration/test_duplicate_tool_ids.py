@@ -18,7 +18,7 @@ import redis
 from aiohttp import web
 
 from agentbatch import run_batch, submit_batch, tool
-from agentbatch.model_io import ModelResponse, ToolCall, unique_call_ids
+from agentbatch.core.model_io import ModelResponse, ToolCall, unique_call_ids
 from tests.support.http_server import ThreadedServer
 from tests.support.tools import Answer, lookup
 

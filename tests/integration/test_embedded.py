@@ -192,7 +192,7 @@ def test_results_stream_in_completion_order(sim_url):
 
 
 def test_unreachable_backend_fails_at_warmup_before_dispatch():
-    from agentbatch.errors import BackendError
+    from agentbatch.core.errors import BackendError
 
     with pytest.raises(BackendError, match="warm-up"):
         run_batch("x {i}", [{"i": 1}, {"i": 2}], model="m", backend="vllm://127.0.0.1:1",

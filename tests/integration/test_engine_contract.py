@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from agentbatch import AgentResult, BatchSpecError, submit_batch
-from agentbatch.orchestrator.handle import BatchHandle
 from agentbatch.sim.server import SimServer
+from agentbatch.turnloop.handle import BatchHandle
 from tests.support.contract_tools import gate
 from tests.support.pure_tools import stamp
 from tests.support.redis_server import RedisServer

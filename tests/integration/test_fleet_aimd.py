@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agentbatch.state.connection import async_client
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.semaphore import RedisSemaphore
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.semaphore import RedisSemaphore
 
 pytestmark = [pytest.mark.redis]
 

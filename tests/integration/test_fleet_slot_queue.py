@@ -4,7 +4,7 @@ A distributed batch on llama.cpp is capped at the server's slot count (as the em
 is), and a freed slot goes to the turn with the fewest turns left, then to the one that has
 waited longest: not to whichever worker polls first, and not to a claim that arrives at the
 right moment. On llama-server this decides whether an agent's next turn finds its first turn
-in the prompt cache (``agentbatch/state/semaphore.py``; bench_engine's ``distributed`` system).
+in the prompt cache (``agentbatch/distributed/state/semaphore.py``; bench_engine's ``distributed`` system).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 
 from agentbatch import submit_batch
-from agentbatch.orchestrator.agent_state import AgentState
-from agentbatch.state.connection import async_client
-from agentbatch.state.redis_store import BatchStore, stored_state
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.semaphore import WAIT_TTL_MS, RedisSemaphore
+from agentbatch.core.agent_state import AgentState
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.redis_store import BatchStore, stored_state
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.semaphore import WAIT_TTL_MS, RedisSemaphore
 from tests.integration.test_backend_llamacpp import WORKER_ENV, FakeLlamaServer
 from tests.support.tools import ShortAnswer
 

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from agentbatch import submit_batch
+from agentbatch.distributed.workers.app import TURN_TASK
 from agentbatch.sim.server import SimServer
-from agentbatch.workers.app import TURN_TASK
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.workers import REPO, WorkerProcess
 
@@ -31,7 +31,7 @@ AGENTS = 5
 
 
 class FlowerProcess:
-    """``python -m celery -A agentbatch.workers --broker=URL flower`` on a free local port."""
+    """``python -m celery -A agentbatch.distributed.workers --broker=URL flower`` on a free local port."""
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
@@ -52,7 +52,7 @@ class FlowerProcess:
             # as compose/ and k8s/ deploy it: the task list shows args (batch, agent, ...)
             "FLOWER_TASKS_COLUMNS": "name,args,state,received,runtime,worker",
         }
-        cmd = [sys.executable, "-m", "celery", "-A", "agentbatch.workers",
+        cmd = [sys.executable, "-m", "celery", "-A", "agentbatch.distributed.workers",
                f"--broker={self.redis_url}", "flower", f"--port={self.port}",
                "--address=127.0.0.1"]
         self._log = self.log_path.open("ab")
@@ -97,7 +97,7 @@ class FlowerProcess:
 
 def _shown_args(task: dict[str, Any]) -> tuple[str, int, int, int]:
     """(batch, agent, version, turn) from the args Flower shows: ``batch=<id> agent=3
-    turn=1 version=2`` (the named ``argsrepr`` of agentbatch/workers/envelope.py)."""
+    turn=1 version=2`` (the named ``argsrepr`` of agentbatch/distributed/workers/envelope.py)."""
     named = dict(pair.split("=", 1) for pair in task["args"].split())
     return (named["batch"], int(named["agent"]), int(named["version"]),
             int(named.get("turn", 0)))

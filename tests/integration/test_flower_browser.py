@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from agentbatch import submit_batch
+from agentbatch.distributed.workers.app import TOOL_TASK, TURN_TASK
 from agentbatch.sim.server import SimServer
-from agentbatch.workers.app import TOOL_TASK, TURN_TASK
 from tests.integration.test_flower import _poll
 from tests.integration.test_flower_cli import Flower, _env
 from tests.support.redis_server import RedisServer
@@ -44,7 +44,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--hide-scrollbars",
                   "--window-size=1600,1000"]
-# named args as the tasks page shows them (agentbatch/workers/envelope.py: args_repr)
+# named args as the tasks page shows them (agentbatch/distributed/workers/envelope.py: args_repr)
 TURN_ROW = re.compile(r"batch=(\w+) agent=(\d+) turn=(\d+) version=(\d+)")
 TOOL_ROW = re.compile(r"batch=(\w+) agent=(\d+) tool=(\w+) version=(\d+) call=\S+ calls=(\d+)")
 

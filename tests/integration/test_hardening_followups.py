@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import BatchKeys
+from agentbatch.distributed.state.keys import BatchKeys
 from tests.support.tools import Answer, lookup
 from tests.support.workers import REPO
 

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.errors import BatchExpired
-from agentbatch.state.keys import BatchKeys
-from agentbatch.state.retention import list_batches
+from agentbatch.core.errors import BatchExpired
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.state.retention import list_batches
 from tests.support.tools import Answer, lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from agentbatch import BatchSpecError, ConfigError, run_batch, submit_batch
-from agentbatch.state.connection import sync_client
-from agentbatch.state.keys import BatchKeys
-from agentbatch.workers.app import celery_config
+from agentbatch.distributed.state.connection import sync_client
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.workers.app import celery_config
 from tests.support.tools import lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

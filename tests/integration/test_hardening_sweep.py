@@ -15,13 +15,13 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import SWEEP_LOCK, WATCH, BatchKeys
-from agentbatch.state.redis_store import BatchStore
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
-from agentbatch.workers.context import WorkerContext
-from agentbatch.workers.envelope import queue_key
-from agentbatch.workers.settings import WorkerSettings
-from agentbatch.workers.sweep import QUEUED_GRACES, sweep_once
+from agentbatch.distributed.state.keys import SWEEP_LOCK, WATCH, BatchKeys
+from agentbatch.distributed.state.redis_store import BatchStore
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
+from agentbatch.distributed.workers.context import WorkerContext
+from agentbatch.distributed.workers.envelope import queue_key
+from agentbatch.distributed.workers.settings import WorkerSettings
+from agentbatch.distributed.workers.sweep import QUEUED_GRACES, sweep_once
 from tests.support.tools import Answer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

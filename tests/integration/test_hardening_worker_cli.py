@@ -27,9 +27,9 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import DEAD_LETTERS
-from agentbatch.workers.app import TURN_TASK, client_app
-from agentbatch.workers.envelope import envelope
+from agentbatch.distributed.state.keys import DEAD_LETTERS
+from agentbatch.distributed.workers.app import TURN_TASK, client_app
+from agentbatch.distributed.workers.envelope import envelope
 from tests.integration.test_worker_redis_url import PASSWORD, UrlWorker, _tool_saw_password
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.tools import Answer
@@ -97,7 +97,7 @@ def test_whatever_kombu_raises_while_building_a_message_is_a_poison_message(redi
     """The catch-all behind check_raw: the build's own error, as a dead-letter reason."""
     from kombu import Connection
 
-    from agentbatch.workers.poison import GuardedMessage, UnbuildableMessage
+    from agentbatch.distributed.workers.poison import GuardedMessage, UnbuildableMessage
 
     payload = json.loads(_unbuildable_items(redis_url)["encoding_bogus"])
     with Connection(redis_url) as conn, pytest.raises(UnbuildableMessage, match="AttributeError"):

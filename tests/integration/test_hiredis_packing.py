@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import redis.asyncio.connection as aioconn
 
-from agentbatch.state.connection import async_client
-from agentbatch.state.hiredis_packing import HiredisPacking
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.hiredis_packing import HiredisPacking
 
 pytestmark = pytest.mark.redis
 

@@ -20,9 +20,9 @@ import redis
 from aiohttp import web
 
 from agentbatch import AgentResult, run_batch, submit_batch
-from agentbatch.orchestrator.json_tool_calling import RESULTS_HEADER, SCHEMA_NAME
-from agentbatch.orchestrator.turns import REPAIR_PROMPT
+from agentbatch.core.turns import REPAIR_PROMPT
 from agentbatch.sim.schema_fill import fill_schema
+from agentbatch.turnloop.json_tool_calling import RESULTS_HEADER, SCHEMA_NAME
 from tests.support.recording_http import RecordingServer
 from tests.support.tools import Answer, counted_call, price
 

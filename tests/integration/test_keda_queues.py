@@ -14,7 +14,7 @@ import time
 import pytest
 import redis
 
-from agentbatch.workers.app import TURN_TASK, client_app
+from agentbatch.distributed.workers.app import TURN_TASK, client_app
 from tests.support.redis_monitor import MonitorRecorder
 from tests.unit.test_deploy_manifests import (
     container_argv,

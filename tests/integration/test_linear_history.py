@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import BatchKeys
+from agentbatch.distributed.state.keys import BatchKeys
 from tests.support.redis_monitor import MonitorRecorder
 from tests.support.tools import pad
 

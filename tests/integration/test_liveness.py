@@ -16,14 +16,19 @@ import pytest
 import redis
 
 from agentbatch import run_batch, submit_batch
-from agentbatch.orchestrator.agent_state import AgentState
-from agentbatch.state.connection import async_client
-from agentbatch.state.keys import BatchKeys
-from agentbatch.state.redis_store import BatchStore, entry_state, state_entry, stored_state
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.transition import Transition
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
-from agentbatch.workers.envelope import queue_key
+from agentbatch.core.agent_state import AgentState
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.state.redis_store import (
+    BatchStore,
+    entry_state,
+    state_entry,
+    stored_state,
+)
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.transition import Transition
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
+from agentbatch.distributed.workers.envelope import queue_key
 from tests.support.tools import Answer, Exploding, Renamed, lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

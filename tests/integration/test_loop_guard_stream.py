@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from agentbatch.backends.openai_compat import OpenAICompatBackend
-from agentbatch.model_io import FINISH_LOOP, ModelRequest
+from agentbatch.core.model_io import FINISH_LOOP, ModelRequest
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
 

@@ -24,9 +24,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentbatch import run_batch, submit_batch
-from agentbatch.errors import BatchSpecError, ConfigError
+from agentbatch.core.errors import BatchSpecError, ConfigError
+from agentbatch.core.results import AgentResult
 from agentbatch.metrics import metrics
-from agentbatch.results import AgentResult
 from tests.support.tools import Answer, cached_lookup, lookup
 from tests.support.workers import REPO
 

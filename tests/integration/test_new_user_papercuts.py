@@ -229,7 +229,7 @@ def _says_auth_refused(text: str, shown: str) -> None:
 
 
 def test_wrong_password_at_submit(locked_redis: RedisServer, sim_url: str) -> None:
-    from agentbatch.errors import ConfigError
+    from agentbatch.core.errors import ConfigError
 
     url, shown = _wrong_url(locked_redis)
     with pytest.raises(ConfigError) as caught:

@@ -24,12 +24,12 @@ import redis
 from pydantic import BaseModel
 
 from agentbatch import PipelineError, get_pipeline
+from agentbatch.distributed.state.keys import BatchKeys, PipelineKeys
 from agentbatch.patterns.pipeline_chain import stage_finished
 from agentbatch.patterns.pipeline_spec import PipelineSpec, StageSpec
 from agentbatch.sim import handlers
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.server import SimServer
-from agentbatch.state.keys import BatchKeys, PipelineKeys
 from tests.support.redis_server import RedisServer
 from tests.support.workers import REPO, WorkerProcess
 

@@ -22,9 +22,9 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import DEAD_LETTERS
-from agentbatch.workers.app import TURN_TASK, client_app
-from agentbatch.workers.envelope import envelope
+from agentbatch.distributed.state.keys import DEAD_LETTERS
+from agentbatch.distributed.workers.app import TURN_TASK, client_app
+from agentbatch.distributed.workers.envelope import envelope
 from tests.support.tools import Answer, lookup
 from tests.support.workers import REPO, WorkerProcess
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from agentbatch import submit_batch, tool
-from agentbatch.errors import BackendUnavailable
+from agentbatch.core.errors import BackendUnavailable
 from agentbatch.sim import SimConfig
 from agentbatch.sim.process import SimProcess, free_port
 from tests.support.tools import Answer

@@ -21,8 +21,8 @@ import pytest
 
 from agentbatch import run_batch, submit_batch, tool
 from agentbatch.backends.hedge import Attempt, Hedger
-from agentbatch.errors import BackendUnavailable, BatchSpecError
-from agentbatch.model_io import ModelResponse, Usage
+from agentbatch.core.errors import BackendUnavailable, BatchSpecError
+from agentbatch.core.model_io import ModelResponse, Usage
 from agentbatch.sim import SimConfig
 from agentbatch.sim.process import SimProcess, free_port
 from tests.support.tools import Answer

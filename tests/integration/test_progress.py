@@ -22,9 +22,9 @@ import redis
 from rich.console import Console
 
 from agentbatch import BatchSpecError, get_batch, run_batch, submit_batch
-from agentbatch.orchestrator import progress_display
-from agentbatch.orchestrator.handle import BatchHandle
-from agentbatch.orchestrator.progress import BatchProgress
+from agentbatch.turnloop import progress_display
+from agentbatch.turnloop.handle import BatchHandle
+from agentbatch.turnloop.progress import BatchProgress
 from tests.support.contract_tools import gate
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -17,8 +17,8 @@ from agentbatch.backends.anthropic import AnthropicBackend
 from agentbatch.backends.base import Backend
 from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.provider_batch import ProviderBatchClient, batch_client
-from agentbatch.errors import BackendTimeout, BatchSpecError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BackendTimeout, BatchSpecError
+from agentbatch.core.model_io import ModelRequest
 from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig

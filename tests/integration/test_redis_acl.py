@@ -28,11 +28,11 @@ import redis
 from kombu.exceptions import OperationalError
 
 from agentbatch import submit_batch
-from agentbatch.errors import BatchSpecError, ConfigError
-from agentbatch.state.keys import BatchKeys, PipelineKeys
-from agentbatch.state.retention import delete_batch
-from agentbatch.workers.app import client_app
-from agentbatch.workers.envelope import queue_key
+from agentbatch.core.errors import BatchSpecError, ConfigError
+from agentbatch.distributed.state.keys import BatchKeys, PipelineKeys
+from agentbatch.distributed.state.retention import delete_batch
+from agentbatch.distributed.workers.app import client_app
+from agentbatch.distributed.workers.envelope import queue_key
 from tests.support.pure_tools import shout, stamp
 from tests.support.redis_server import free_port
 from tests.support.secure_redis import AclRedisServer

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from agentbatch import RedisOutOfMemory, submit_batch
-from agentbatch.state.keys import BatchKeys
+from agentbatch.distributed.state.keys import BatchKeys
 from tests.support.redis_server import RedisServer
 from tests.support.tools import Answer, lookup
 from tests.support.workers import REPO, WorkerProcess

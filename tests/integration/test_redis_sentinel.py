@@ -19,16 +19,16 @@ import pytest
 import redis
 
 from agentbatch import ConfigError, submit_batch
-from agentbatch.sim.config import SimConfig
-from agentbatch.sim.server import SimServer
-from agentbatch.state.connection import (
+from agentbatch.distributed.state.connection import (
     CLUSTER_UNSUPPORTED,
     async_client,
     check_url,
     mask_url,
     sync_client,
 )
-from agentbatch.state.keys import BatchKeys
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.sim.config import SimConfig
+from agentbatch.sim.server import SimServer
 from tests.support.pure_tools import stamp
 from tests.support.redis_server import free_port
 from tests.support.sentinel import SentinelGroup, wait_for

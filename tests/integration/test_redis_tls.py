@@ -22,9 +22,14 @@ import redis
 from kombu.exceptions import OperationalError
 
 from agentbatch import BatchSpecError, ConfigError, submit_batch
-from agentbatch.state.connection import sync_client
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, celery_config, make_app
-from agentbatch.workers.envelope import queue_key
+from agentbatch.distributed.state.connection import sync_client
+from agentbatch.distributed.workers.app import (
+    INFERENCE_QUEUE,
+    PRIORITY_STEPS,
+    celery_config,
+    make_app,
+)
+from agentbatch.distributed.workers.envelope import queue_key
 from tests.support.secure_redis import TlsRedisServer
 from tests.support.tools import Answer, cached_lookup
 from tests.support.workers import REPO, WorkerProcess

@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from agentbatch import BatchExpired, ConfigError, get_batch, submit_batch
-from agentbatch.state.connection import async_client
-from agentbatch.state.keys import ACTIVE_BATCHES, BatchKeys
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.semaphore import RedisSemaphore
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.keys import ACTIVE_BATCHES, BatchKeys
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.semaphore import RedisSemaphore
 from tests.support.tools import Answer, lookup
 from tests.support.workers import REPO
 

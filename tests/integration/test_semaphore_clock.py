@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from agentbatch.state import redis_store
-from agentbatch.state.connection import async_client
-from agentbatch.state.redis_store import BatchStore
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.semaphore import RedisSemaphore
+from agentbatch.distributed.state import redis_store
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.redis_store import BatchStore
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.semaphore import RedisSemaphore
 
 pytestmark = [pytest.mark.redis]
 

@@ -17,9 +17,9 @@ import jsonschema
 from pydantic import BaseModel
 
 from agentbatch import submit_batch, tool
-from agentbatch.orchestrator.json_tool_calling import SCHEMA_NAME, render_history, union_schema
 from agentbatch.sim.model import plan_chat
 from agentbatch.sim.server import SimServer
+from agentbatch.turnloop.json_tool_calling import SCHEMA_NAME, render_history, union_schema
 
 CALLS: Counter[str] = Counter()
 

@@ -11,11 +11,11 @@ import json
 import uuid
 from typing import Any
 
-from agentbatch.orchestrator.agent_state import AgentState
-from agentbatch.state.connection import async_client
-from agentbatch.state.redis_store import BatchStore, state_entry, stored_state
-from agentbatch.state.scripts import Scripts
-from agentbatch.state.transition import Transition
+from agentbatch.core.agent_state import AgentState
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.redis_store import BatchStore, state_entry, stored_state
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.transition import Transition
 
 QUEUE = "test:started-mark:queue"
 

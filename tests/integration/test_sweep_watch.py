@@ -7,12 +7,12 @@ import asyncio
 
 import redis
 
-from agentbatch.state.keys import WATCH, BatchKeys
-from agentbatch.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE
-from agentbatch.workers.context import WorkerContext
-from agentbatch.workers.envelope import queue_key
-from agentbatch.workers.settings import WorkerSettings
-from agentbatch.workers.sweep import sweep_once
+from agentbatch.distributed.state.keys import WATCH, BatchKeys
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, TOOLS_QUEUE
+from agentbatch.distributed.workers.context import WorkerContext
+from agentbatch.distributed.workers.envelope import queue_key
+from agentbatch.distributed.workers.settings import WorkerSettings
+from agentbatch.distributed.workers.sweep import sweep_once
 
 
 def _sweep(redis_url: str) -> int:

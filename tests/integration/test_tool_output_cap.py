@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from agentbatch import submit_batch, tool
-from agentbatch.errors import BatchSpecError
+from agentbatch.core.errors import BatchSpecError
 from agentbatch.sim.server import SimServer
 
 BIG = 3 * 1024 * 1024

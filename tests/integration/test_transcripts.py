@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from agentbatch import AgentResult, run_batch, submit_batch
-from agentbatch.state.keys import BatchKeys
+from agentbatch.distributed.state.keys import BatchKeys
 from tests.support.pure_tools import shout
 from tests.support.tools import Answer, pad
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from agentbatch import submit_batch
-from agentbatch.workers.app import client_app
-from agentbatch.workers.watchdog import ConsumerWatchdog
+from agentbatch.distributed.workers.app import client_app
+from agentbatch.distributed.workers.watchdog import ConsumerWatchdog
 from tests.support.tools import Answer, lookup
 from tests.support.workers import WorkerProcess
 

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.state.keys import BatchKeys
-from agentbatch.workers.app import INFERENCE_QUEUE, SWEEP_TASK, client_app
-from agentbatch.workers.envelope import envelope, queue_key
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.workers.app import INFERENCE_QUEUE, SWEEP_TASK, client_app
+from agentbatch.distributed.workers.envelope import envelope, queue_key
 from tests.support.import_marker import MarkedAnswer, marked
 from tests.support.tools import lookup
 from tests.support.workers import REPO

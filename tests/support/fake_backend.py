@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from agentbatch.backends.base import Backend, BackendCapabilities, ServerLoad
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 
 Outcome = BaseException | ModelResponse | str | None
 

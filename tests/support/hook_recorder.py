@@ -18,11 +18,11 @@ from pydantic import BaseModel
 from agentbatch.backends.base import RetryListener, ServerLoad
 from agentbatch.backends.registry import register_driver
 from agentbatch.backends.vllm import VLLMBackend
-from agentbatch.errors import BackendError
-from agentbatch.model_io import Message, ModelRequest, ModelResponse
+from agentbatch.core.errors import BackendError
+from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
-    from agentbatch.orchestrator.plan import BatchPlan
+    from agentbatch.core.plan import BatchPlan
 
 LOG_ENV = "AGENTBATCH_TEST_HOOK_LOG"
 REGISTER_ENV = "AGENTBATCH_TEST_RECORD_HOOKS"

@@ -21,7 +21,7 @@ def counting_redis_url() -> str:
     """Where test tools count: ``TEST_REDIS_URL`` (embedded runs), else the Redis of the worker
     they run in, which keeps its URL in memory (it removes ``AGENTBATCH_REDIS_URL`` from its
     environment), else ``AGENTBATCH_REDIS_URL``."""
-    from agentbatch.workers.settings import WorkerSettings
+    from agentbatch.distributed.workers.settings import WorkerSettings
 
     return os.environ.get("TEST_REDIS_URL") or WorkerSettings.from_env().redis_url
 

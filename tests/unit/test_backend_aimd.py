@@ -9,8 +9,8 @@ import pytest
 from agentbatch.backends.aimd import AdaptiveBackend, AIMDController, ResizableGate
 from agentbatch.backends.base import Backend, BackendCapabilities
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
-from agentbatch.errors import BadRequest, RateLimited, ServerError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BadRequest, RateLimited, ServerError
+from agentbatch.core.model_io import ModelRequest
 from tests.support.fake_backend import ScriptedBackend
 
 

@@ -14,7 +14,7 @@ from botocore.stub import Stubber
 from agentbatch.backends.bedrock import BedrockBackend, map_boto_error
 from agentbatch.backends.bedrock_convert import supports_prompt_caching
 from agentbatch.backends.registry import backend_from_url
-from agentbatch.errors import (
+from agentbatch.core.errors import (
     BackendTimeout,
     BackendUnavailable,
     BadRequest,
@@ -22,7 +22,7 @@ from agentbatch.errors import (
     RateLimited,
     ServerError,
 )
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest
 
 CLAUDE = "us.anthropic.claude-3-7-sonnet-20250219-v1:0"
 OLD_CLAUDE = "anthropic.claude-3-haiku-20240307-v1:0"
@@ -361,7 +361,7 @@ async def test_missing_model_is_a_bad_request(backend: BedrockBackend) -> None:
 
 def test_missing_aws_credentials_fail_before_any_agent_is_dispatched(monkeypatch):
     from agentbatch import run_batch
-    from agentbatch.errors import ConfigError
+    from agentbatch.core.errors import ConfigError
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)

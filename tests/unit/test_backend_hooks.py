@@ -24,8 +24,8 @@ from agentbatch.backends.pool import EndpointPool
 from agentbatch.backends.retry import RetryingBackend
 from agentbatch.backends.setup import open_backend
 from agentbatch.backends.vllm import VLLMBackend
-from agentbatch.errors import BackendUnavailable, RateLimited
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BackendUnavailable, RateLimited
+from agentbatch.core.model_io import ModelRequest
 from tests.support.hook_recorder import (
     DRIVER,
     LOG_ENV,

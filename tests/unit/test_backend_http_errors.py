@@ -12,7 +12,7 @@ from agentbatch.backends.http_errors import (
     parse_retry_after,
     redact,
 )
-from agentbatch.errors import (
+from agentbatch.core.errors import (
     BackendTimeout,
     BackendUnavailable,
     BadRequest,

@@ -15,7 +15,7 @@ from agentbatch.backends.message_blocks import (
     split_messages,
     stop_reason,
 )
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest
 
 PNG = "iVBORw0KGgo="  # base64 of the PNG magic bytes
 

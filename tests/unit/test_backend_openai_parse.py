@@ -11,8 +11,8 @@ from agentbatch.backends.openai_parse import (
     parse_chat_completion,
     parse_tool_calls,
 )
-from agentbatch.errors import ServerError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelRequest
 
 
 def test_content_variants() -> None:

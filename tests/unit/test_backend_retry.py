@@ -9,7 +9,7 @@ import pytest
 
 from agentbatch.backends.base import Backend, BackendCapabilities
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
-from agentbatch.errors import (
+from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -17,7 +17,7 @@ from agentbatch.errors import (
     RateLimited,
     ServerError,
 )
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest
 from tests.support import fake_backend
 
 REQUEST = ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}])

@@ -13,8 +13,8 @@ from agentbatch.backends.openai_compat import OpenAICompatBackend
 from agentbatch.backends.pool import EndpointPool, parse_hostfile
 from agentbatch.backends.retry import RetryingBackend
 from agentbatch.backends.setup import endpoints, expand_backend_urls, inflight_hint, open_backend
-from agentbatch.errors import BackendUnavailable, BatchSpecError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BackendUnavailable, BatchSpecError
+from agentbatch.core.model_io import ModelRequest
 from tests.support.fake_backend import Outcome, ScriptedBackend
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from agentbatch.backends.sse import SSEDecoder, StreamAssembler
-from agentbatch.errors import ServerError
-from agentbatch.model_io import ToolCall
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ToolCall
 
 
 def chunk(

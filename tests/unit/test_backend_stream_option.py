@@ -11,8 +11,8 @@ from agentbatch.backends import registry
 from agentbatch.backends.openai_compat import DynamoBackend, OpenAICompatBackend
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.urls import parse_backend_url
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ModelRequest
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ModelRequest
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import pytest
 
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.urls import KNOWN_SCHEMES, BackendTarget, parse_backend_url
-from agentbatch.errors import BatchSpecError, ConfigError
+from agentbatch.core.errors import BatchSpecError, ConfigError
 
 
 @pytest.fixture(autouse=True)

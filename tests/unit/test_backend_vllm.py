@@ -12,8 +12,8 @@ import pytest
 from agentbatch.backends.batch_prompting import text_conversations
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.vllm import VLLMBackend
-from agentbatch.errors import BackendUnavailable, BatchSpecError
-from agentbatch.orchestrator.plan import BatchPlan
+from agentbatch.core.errors import BackendUnavailable, BatchSpecError
+from agentbatch.core.plan import BatchPlan
 
 Reply = Callable[[str, dict[str, Any]], httpx.Response]
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from agentbatch.backends.base import Backend, ServerLoad
-from agentbatch.model_io import ModelRequest, ModelResponse
-from agentbatch.orchestrator.backpressure import BackpressureGate
+from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.turnloop.backpressure import BackpressureGate
 
 
 class Clock:

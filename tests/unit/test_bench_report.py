@@ -184,13 +184,13 @@ PROFILE = {
                  "inference_workers": 4, "tool_workers": 2, "threads_per_worker": 16},
     "py_spy": {
         "rate_hz": 200, "py_spy_cpu_s": 7.5, "late_warnings": 3,
-        "inference": _kind([("agentbatch.state", 0.4, 2.5), ("kombu", 0.3, 1.25)], 0.3, 400),
+        "inference": _kind([("agentbatch.distributed.state", 0.4, 2.5), ("kombu", 0.3, 1.25)], 0.3, 400),
         "tools": _kind([("kombu", 0.5, 3.0)], 0.5, 300),
         "all_workers": {
             "owners": [{"owner": "kombu", "share": 0.6, "cpu_ms_per_task": 1.5},
-                       {"owner": "agentbatch.state", "share": 0.4, "cpu_ms_per_task": 1.0}],
+                       {"owner": "agentbatch.distributed.state", "share": 0.4, "cpu_ms_per_task": 1.0}],
             "top_agentbatch": [
-                {"function": f"agentbatch/state/redis_store.py:f{i}", "inference_share": 0.1,
+                {"function": f"agentbatch/distributed/state/redis_store.py:f{i}", "inference_share": 0.1,
                  "tools_share": 0.0, "cpu_ms_per_task": 1.0 - i / 20} for i in range(12)]},
     },
     "yappi": {"error": "the yappi worker wrote no stats to /tmp/x"},
@@ -202,10 +202,10 @@ def test_profile_fleet_renders_owner_shares_per_kind_and_top_ten_functions():
     assert "100 agents x 3 tool rounds, 4 inference + 2 tool worker processes" in text
     # owners in the order of their CPU across all workers; a kind without them shows "-"
     assert "| kombu | 30.0% | 1.250 | 50.0% | 3.000 | 1.500 |" in text
-    assert "| agentbatch.state | 40.0% | 2.500 | - | - | 1.000 |" in text
-    assert text.index("| kombu |") < text.index("| agentbatch.state |")
+    assert "| agentbatch.distributed.state | 40.0% | 2.500 | - | - | 1.000 |" in text
+    assert text.index("| kombu |") < text.index("| agentbatch.distributed.state |")
     assert "| (at a blocking call: epoll, lock wait) | 30.0% | - | 50.0% | - | - |" in text
-    assert "| `agentbatch/state/redis_store.py:f0` | 10.0% | 0.0% | 1.000 |" in text
+    assert "| `agentbatch/distributed/state/redis_store.py:f0` | 10.0% | 0.0% | 1.000 |" in text
     assert "f9`" in text and "f10`" not in text  # the top 10 only
     assert "(**5.00 ms/turn**)" in text and "3 'behind in sampling' warnings" in text
     assert "- yappi: the yappi worker wrote no stats" in text

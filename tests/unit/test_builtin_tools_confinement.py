@@ -18,8 +18,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from agentbatch.errors import ToolError
-from agentbatch.model_io import ToolCall
+from agentbatch.core.errors import ToolError
+from agentbatch.core.model_io import ToolCall
 from agentbatch.toolpool import Tool, ToolContext, ToolPool, read_file_tool
 from agentbatch.toolpool.builtins import FILE_ROOT_ENV
 from agentbatch.toolpool.confined_read import read_confined

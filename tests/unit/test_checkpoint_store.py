@@ -7,7 +7,10 @@ import sqlite3
 
 import pytest
 
-from agentbatch.checkpoint import (
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.results import AgentError
+from agentbatch.embedded.checkpoint import (
     DB_NAME,
     CheckpointCorrupted,
     SavedAgent,
@@ -15,9 +18,6 @@ from agentbatch.checkpoint import (
     open_checkpoint,
     resume,
 )
-from agentbatch.errors import BatchSpecError
-from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
-from agentbatch.results import AgentError
 
 
 def fp(task: str = "Do {i}.", n: int = 3, tools: tuple[str, ...] = ("m:step@1",)):

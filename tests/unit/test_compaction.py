@@ -1,4 +1,4 @@
-"""The compaction view's pure functions (``orchestrator/compaction.py``), as tables."""
+"""The compaction view's pure functions (``core/compaction.py``), as tables."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.orchestrator import compaction as cp
+from agentbatch.core import compaction as cp
+from agentbatch.core.errors import BatchSpecError
 
 
 def call(cid: str, name: str = "t") -> dict:

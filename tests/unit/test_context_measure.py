@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentbatch.model_io import Message
-from agentbatch.orchestrator.context_fit import measure
+from agentbatch.core.model_io import Message
+from agentbatch.turnloop.context_fit import measure
 from tests.support.fake_backend import ScriptedBackend
 
 

@@ -27,9 +27,14 @@ from kombu.transport.redis import Channel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agentbatch.orchestrator.options import BatchOptions
-from agentbatch.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE, client_app
-from agentbatch.workers.app import TURN_TASK as _TURN_TASK
+from agentbatch.core.options import BatchOptions
+from agentbatch.distributed.workers.app import (
+    INFERENCE_QUEUE,
+    PRIORITY_STEPS,
+    TOOLS_QUEUE,
+    client_app,
+)
+from agentbatch.distributed.workers.app import TURN_TASK as _TURN_TASK
 from tests.support.scratch import root as scratch_root
 from tests.support.scratch import scratch_dir
 
@@ -155,8 +160,8 @@ def test_kombu_list_names_match_kombus_own_naming():
     assert kombu_list_names("inference") == [
         "inference", "inference\x06\x163", "inference\x06\x166", "inference\x06\x169"]
     # workers that LPUSH task messages themselves must push to the same lists
-    if importlib.util.find_spec("agentbatch.workers.envelope") is not None:
-        from agentbatch.workers.envelope import queue_key
+    if importlib.util.find_spec("agentbatch.distributed.workers.envelope") is not None:
+        from agentbatch.distributed.workers.envelope import queue_key
 
         for queue in QUEUES:
             assert [queue_key(queue, step) for step in PRIORITY_STEPS] == \

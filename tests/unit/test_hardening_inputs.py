@@ -8,14 +8,14 @@ import json
 import pytest
 import redis
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import canonical_json
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.import_allowlist import check_import_path, owns_path
-from agentbatch.orchestrator.options import BatchOptions
-from agentbatch.orchestrator.output import OutputContract
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.import_allowlist import check_import_path, owns_path
+from agentbatch.core.model_io import canonical_json
+from agentbatch.core.options import BatchOptions
+from agentbatch.core.output import OutputContract
 from agentbatch.toolpool.builtins import read_file
 from agentbatch.toolpool.public_http import address_refusal, http_allowlist
+from agentbatch.turnloop.compile import compile_batch
 from tests.support.tools import Answer, lookup
 
 ALLOW = ("tests.support",)
@@ -176,7 +176,7 @@ def test_a_deeply_nested_input_is_refused_naming_it(engine: str, request) -> Non
 
 
 def test_nesting_up_to_the_limit_is_kept() -> None:
-    from agentbatch.orchestrator.validate import MAX_INPUT_DEPTH
+    from agentbatch.turnloop.validate import MAX_INPUT_DEPTH
 
     opts = BatchOptions(task="Say {x}.", inputs=[{"x": 1, "tree": _deep(MAX_INPUT_DEPTH - 1)}],
                         model="m", backend=SIM)

@@ -9,10 +9,13 @@ import pytest
 from pydantic import BaseModel
 
 from agentbatch.backends.base import BackendCapabilities
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ModelResponse, ToolOutcome
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.json_tool_calling import (
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ModelResponse, ToolOutcome
+from agentbatch.core.options import BatchOptions
+from agentbatch.core.output import OutputContract
+from agentbatch.core.render import warmup_request
+from agentbatch.turnloop.compile import compile_batch
+from agentbatch.turnloop.json_tool_calling import (
     final_parser,
     mode_for_backends,
     parse_reply,
@@ -21,9 +24,6 @@ from agentbatch.orchestrator.json_tool_calling import (
     resolve_mode,
     union_schema,
 )
-from agentbatch.orchestrator.options import BatchOptions
-from agentbatch.orchestrator.output import OutputContract
-from agentbatch.orchestrator.render import warmup_request
 from tests.support.tools import Answer, lookup, price
 
 

@@ -11,13 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentbatch import metrics as agentbatch_metrics
 from agentbatch.backends.prom import parse_server_load
-from agentbatch.errors import BatchSpecError, RateLimited
+from agentbatch.core.errors import BatchSpecError, RateLimited
+from agentbatch.core.model_io import ModelResponse, Usage
+from agentbatch.distributed.workers.app import PRIORITY_STEPS
 from agentbatch.metrics import EventCounter
 from agentbatch.metrics.collectors import queue_lists
 from agentbatch.metrics.server import build_registry, check_metrics_port
-from agentbatch.model_io import ModelResponse, Usage
 from agentbatch.sim.metrics import SimStats, render_prometheus
-from agentbatch.workers.app import PRIORITY_STEPS
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

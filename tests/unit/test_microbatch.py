@@ -13,8 +13,8 @@ import pytest
 
 from agentbatch.backends.base import BackendCapabilities, ServerLoad
 from agentbatch.backends.microbatch import MicroBatchingBackend, batchable, chatml, group_key
-from agentbatch.errors import BackendTimeout, RateLimited, ServerError
-from agentbatch.model_io import ModelRequest, ModelResponse
+from agentbatch.core.errors import BackendTimeout, RateLimited, ServerError
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 from tests.support.fake_backend import Outcome, ScriptedBackend
 
 LONG = 60.0  # a window no test waits for: flushes come from max_batch or aclose

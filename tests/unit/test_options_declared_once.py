@@ -14,14 +14,14 @@ from dataclasses import MISSING, fields
 import pytest
 
 from agentbatch import arun_batch, asubmit_batch, run_batch, submit_batch, tool
-from agentbatch.errors import BatchSpecError, UnknownParameter
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.json_tool_calling import MODES
-from agentbatch.orchestrator.options import BatchOptions, Pricing, ToolCalling, ToolChoice
-from agentbatch.orchestrator.plan import BatchPlan, carried_options
-from agentbatch.orchestrator.tool_choice import CHOICES
-from agentbatch.orchestrator.validate import EMBEDDED_ONLY, PRICINGS
+from agentbatch.core.errors import BatchSpecError, UnknownParameter
+from agentbatch.core.options import BatchOptions, Pricing, ToolCalling, ToolChoice
+from agentbatch.core.plan import BatchPlan, carried_options
 from agentbatch.toolpool import Tool
+from agentbatch.turnloop.compile import compile_batch
+from agentbatch.turnloop.json_tool_calling import MODES
+from agentbatch.turnloop.tool_choice import CHOICES
+from agentbatch.turnloop.validate import EMBEDDED_ONLY, PRICINGS
 
 PUBLIC = (run_batch, arun_batch, submit_batch, asubmit_batch)
 SIM = "sim://127.0.0.1:8000"

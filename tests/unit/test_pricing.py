@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import Usage
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.options import BatchOptions, with_environment
-from agentbatch.orchestrator.pricing import PRICES_ENV, cost_usd, load_prices, plan_cost
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import Usage
+from agentbatch.core.options import BatchOptions, with_environment
+from agentbatch.core.pricing import PRICES_ENV, cost_usd, load_prices, plan_cost
+from agentbatch.turnloop.compile import compile_batch
 
 PRICES = {"m": {"prompt": 2.0, "cached_prompt": 0.5, "completion": 8.0,
                 "batch_prompt": 1.0, "batch_completion": 4.0}}

@@ -1,8 +1,8 @@
 import pytest
 from pydantic import BaseModel
 
-from agentbatch.orchestrator.output import OutputContract
-from agentbatch.orchestrator.repair import RepairError, extract_json
+from agentbatch.core.output import OutputContract
+from agentbatch.core.repair import RepairError, extract_json
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
-from agentbatch.results import AgentError
-from agentbatch.state.redis_store import entry_state, state_entry, stored_state
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.results import AgentError
+from agentbatch.distributed.state.redis_store import entry_state, state_entry, stored_state
 
 
 def _round_trip(state: AgentState) -> AgentState:

@@ -17,8 +17,8 @@ from agentbatch import (
     run_batch,
     submit_batch,
 )
-from agentbatch.errors import UnknownParameter
-from agentbatch.orchestrator.distributed_handle import DistributedHandle
+from agentbatch.core.errors import UnknownParameter
+from agentbatch.distributed.handle import DistributedHandle
 
 BASE = {"model": "sim-model", "backend": "sim://127.0.0.1:9"}  # never contacted
 TASK = "Say {x}."
@@ -122,8 +122,8 @@ class Plain(BaseModel):
 
 
 def test_pydantic_inputs_and_defaults_still_pass_validation():
-    from agentbatch.orchestrator.compile import compile_batch
-    from agentbatch.orchestrator.options import BatchOptions
+    from agentbatch.core.options import BatchOptions
+    from agentbatch.turnloop.compile import compile_batch
 
     compiled = compile_batch(BatchOptions(task=TASK, inputs=[Plain(x=3), {"x": [1.5, None]}],
                                           model="m", backend="sim://127.0.0.1:8000"))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentbatch.errors import ToolError
-from agentbatch.model_io import ToolCall
+from agentbatch.core.errors import ToolError
+from agentbatch.core.model_io import ToolCall
 from agentbatch.toolpool import (
     Tool,
     ToolContext,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ToolCall
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ToolCall
 from agentbatch.toolpool import ToolContext, ToolPool, tool
 
 RUNS: list[str] = []

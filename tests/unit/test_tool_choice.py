@@ -7,15 +7,13 @@ import pytest
 
 from agentbatch.backends.anthropic_convert import build_body
 from agentbatch.backends.bedrock_convert import converse_params
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome, Usage
-from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
-from agentbatch.orchestrator.compile import compile_batch
-from agentbatch.orchestrator.json_tool_calling import adapt_request, union_schema
-from agentbatch.orchestrator.options import BatchOptions
-from agentbatch.orchestrator.output import OutputContract
-from agentbatch.orchestrator.render import build_request
-from agentbatch.orchestrator.turns import (
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome, Usage
+from agentbatch.core.options import BatchOptions
+from agentbatch.core.output import OutputContract
+from agentbatch.core.render import build_request
+from agentbatch.core.turns import (
     LOOP_REPLY_ERROR,
     REPAIR_TOOL_PROMPT,
     TOOL_REQUIRED_ERROR,
@@ -27,6 +25,8 @@ from agentbatch.orchestrator.turns import (
     step,
 )
 from agentbatch.sim.model import plan_chat
+from agentbatch.turnloop.compile import compile_batch
+from agentbatch.turnloop.json_tool_calling import adapt_request, union_schema
 from tests.support.tools import Answer, lookup
 
 CALL = ToolCall(id="c1", name="lookup", arguments={"key": "a"})

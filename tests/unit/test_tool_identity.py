@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import ToolCall
-from agentbatch.orchestrator.turn_io import EarlyTools
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import ToolCall
+from agentbatch.core.tool_context import LocalLease
 from agentbatch.toolpool import Tool, ToolContext, ToolPool, TTLCache, tool
-from agentbatch.toolpool.context import LocalLease
+from agentbatch.turnloop.turn_io import EarlyTools
 from tests.support import tools, tools_other
 
 

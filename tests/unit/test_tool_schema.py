@@ -13,8 +13,9 @@ from typing import Any, Literal, Optional, Union
 import pytest
 from pydantic import BaseModel
 
-from agentbatch.errors import BatchSpecError
-from agentbatch.model_io import canonical_json
+from agentbatch.core.errors import BatchSpecError
+from agentbatch.core.model_io import canonical_json
+from agentbatch.core.tool_schema import parse_docstring
 from agentbatch.toolpool import (
     ArgumentsInvalid,
     Tool,
@@ -23,7 +24,6 @@ from agentbatch.toolpool import (
     tool,
     validate_arguments,
 )
-from agentbatch.toolpool.schema import parse_docstring
 
 
 class Color(enum.Enum):

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from agentbatch.errors import BatchSpecError, ToolError
-from agentbatch.model_io import ToolCall, ToolOutcome, canonical_json
+from agentbatch.core.errors import BatchSpecError, ToolError
+from agentbatch.core.model_io import ToolCall, ToolOutcome, canonical_json
 from agentbatch.toolpool import (
     InflightCoalescer,
     NoCoalescing,
@@ -490,11 +490,11 @@ async def test_redis_lock_uses_the_tools_ttl_and_is_renewed_while_the_tool_runs(
     """A healthy leader running past its lock TTL keeps the call: a caller on another
     "worker" (its own coalescer and client) that arrives later waits and shares the result
     instead of running the tool a second time."""
-    from agentbatch.state.connection import async_client
-    from agentbatch.state.keys import TOOL_DONE_CHANNEL, tool_lock
-    from agentbatch.state.note_hub import NoteHub
-    from agentbatch.state.scripts import Scripts
-    from agentbatch.toolpool.redis_coalesce import RedisCoalescer, key_hash
+    from agentbatch.distributed.state.connection import async_client
+    from agentbatch.distributed.state.keys import TOOL_DONE_CHANNEL, tool_lock
+    from agentbatch.distributed.state.note_hub import NoteHub
+    from agentbatch.distributed.state.scripts import Scripts
+    from agentbatch.distributed.tool_coalesce import RedisCoalescer, key_hash
 
     def worker() -> tuple[Any, RedisCoalescer]:
         client = async_client(redis_url)

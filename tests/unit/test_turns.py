@@ -3,10 +3,10 @@
 import pytest
 from pydantic import BaseModel
 
-from agentbatch.model_io import FINISH_LOOP, ModelResponse, ToolCall, ToolOutcome, Usage
-from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
-from agentbatch.orchestrator.output import OutputContract
-from agentbatch.orchestrator.turns import (
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.model_io import FINISH_LOOP, ModelResponse, ToolCall, ToolOutcome, Usage
+from agentbatch.core.output import OutputContract
+from agentbatch.core.turns import (
     CUT_REPLY_ERROR,
     CUT_REPLY_KEEP,
     LOOP_REPLY_ERROR,

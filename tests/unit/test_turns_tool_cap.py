@@ -2,10 +2,10 @@
 
 import pytest
 
-from agentbatch.model_io import ModelResponse, ToolCall, ToolOutcome
-from agentbatch.orchestrator.agent_state import AgentState, AgentStatus
-from agentbatch.orchestrator.output import OutputContract
-from agentbatch.orchestrator.turns import (
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.model_io import ModelResponse, ToolCall, ToolOutcome
+from agentbatch.core.output import OutputContract
+from agentbatch.core.turns import (
     CallModel,
     ModelReplied,
     RunTools,

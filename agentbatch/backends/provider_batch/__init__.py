@@ -8,13 +8,18 @@ server has the API (asked over HTTP), else None. A client's API is the seam the 
 
 from __future__ import annotations
 
-from ..anthropic import AnthropicBackend
-from ..base import Backend
-from ..openai_compat import OpenAICompatBackend
-from .anthropic_batch import AnthropicBatchClient
-from .client import ProviderBatchClient
-from .openai_batch import OpenAIBatchClient
-from .types import BatchState, ItemError, ItemErrorKind, ItemResult
+from agentbatch.backends.anthropic import AnthropicBackend
+from agentbatch.backends.base import Backend
+from agentbatch.backends.openai_compat import OpenAICompatBackend
+from agentbatch.backends.provider_batch.anthropic_batch import AnthropicBatchClient
+from agentbatch.backends.provider_batch.client import ProviderBatchClient
+from agentbatch.backends.provider_batch.openai_batch import OpenAIBatchClient
+from agentbatch.backends.provider_batch.types import (
+    BatchState,
+    ItemError,
+    ItemErrorKind,
+    ItemResult,
+)
 
 __all__ = ["AnthropicBatchClient", "BatchState", "ItemError", "ItemErrorKind", "ItemResult",
            "OpenAIBatchClient", "ProviderBatchClient", "batch_client"]

@@ -8,14 +8,23 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...errors import ServerError
-from ...model_io import ModelRequest
-from ..anthropic import ANTHROPIC_VERSION, AnthropicBackend
-from ..anthropic_convert import parse_response
-from ..http_session import HttpSession
-from .client import DEFAULT_TIMEOUT_S, PROBE_TIMEOUT_S, ProviderBatchClient
-from .http import answers, call
-from .types import BatchState, ItemError, ItemErrorKind, ItemResult
+from agentbatch.backends.anthropic import ANTHROPIC_VERSION, AnthropicBackend
+from agentbatch.backends.anthropic_convert import parse_response
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.backends.provider_batch.client import (
+    DEFAULT_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+    ProviderBatchClient,
+)
+from agentbatch.backends.provider_batch.http import answers, call
+from agentbatch.backends.provider_batch.types import (
+    BatchState,
+    ItemError,
+    ItemErrorKind,
+    ItemResult,
+)
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelRequest
 
 PATH = "/v1/messages/batches"
 _RESULT_KINDS: dict[str, ItemErrorKind] = {"expired": "expired", "canceled": "cancelled"}

@@ -12,10 +12,10 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from ...errors import BackendTimeout, BatchSpecError
-from ...model_io import ModelRequest
-from ..http_session import HttpSession
-from .types import BatchState, ItemError, ItemResult
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.backends.provider_batch.types import BatchState, ItemError, ItemResult
+from agentbatch.core.errors import BackendTimeout, BatchSpecError
+from agentbatch.core.model_io import ModelRequest
 
 DEFAULT_TIMEOUT_S = 60.0  # one HTTP exchange (an upload of a large batch included)
 PROBE_TIMEOUT_S = 10.0

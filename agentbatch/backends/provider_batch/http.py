@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 
-from ...errors import BackendTimeout
-from ..http_errors import error_for_exception, error_for_status
-from ..http_session import HttpSession
+from agentbatch.backends.http_errors import error_for_exception, error_for_status
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.core.errors import BackendTimeout
 
 
 async def call(session: HttpSession, method: str, path: str, *, timeout: float,

@@ -10,14 +10,23 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ServerError
-from ...model_io import ModelRequest
-from ..http_session import HttpSession
-from ..openai_compat import OpenAICompatBackend
-from ..openai_parse import parse_chat_completion
-from .client import DEFAULT_TIMEOUT_S, PROBE_TIMEOUT_S, ProviderBatchClient
-from .http import answers, call
-from .types import BatchState, ItemError, ItemErrorKind, ItemResult
+from agentbatch.backends.http_session import HttpSession
+from agentbatch.backends.openai_compat import OpenAICompatBackend
+from agentbatch.backends.openai_parse import parse_chat_completion
+from agentbatch.backends.provider_batch.client import (
+    DEFAULT_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+    ProviderBatchClient,
+)
+from agentbatch.backends.provider_batch.http import answers, call
+from agentbatch.backends.provider_batch.types import (
+    BatchState,
+    ItemError,
+    ItemErrorKind,
+    ItemResult,
+)
+from agentbatch.core.errors import ServerError
+from agentbatch.core.model_io import ModelRequest
 
 CHAT_URL = "/v1/chat/completions"
 ENDED = ("completed", "failed", "expired", "cancelled")

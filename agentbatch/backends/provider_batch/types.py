@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...model_io import ModelResponse
+from agentbatch.core.model_io import ModelResponse
 
 # Why one request of a provider batch has no reply.
 ItemErrorKind = Literal[

@@ -1,0 +1,5 @@
+"""``python -m agentbatch.cli``."""
+
+from agentbatch.cli.app import main
+
+main()

@@ -1,0 +1,340 @@
+"""Turns through a provider's batch API (``pricing="batch"`` / ``"auto"``), embedded engine.
+
+Turns ready within ``WINDOW_S`` of each other go out as one provider batch; a watcher polls
+it and hands each turn its result, matched by ``custom_id``. The caller (``call_model``)
+then commits the reply exactly as a sync one, through the state machine's ``step``.
+
+``"auto"`` (``route``): a turn goes to the batch API while the agent's projected finish --
+this turn at the batch latency estimate, its remaining turns at the sync one -- stays inside
+the deadline; else to the sync API. The batch latency estimate is the observed p90, or the
+age of the oldest provider batch still open when that is longer (a lower bound before any
+batch has ended). At the batch's tail (at most ``TAIL_SHARE`` of its agents still running)
+an agent's last estimated turn goes to the sync API: nobody waits a batch round for it.
+
+Hedging (``complete``): a turn still waiting past the observed p90 latency of provider
+batches of a similar size (a batch ends with its slowest request), or past the point where
+its remaining turns would only just fit before the deadline on the sync API, is sent to the
+sync API as well. The first answer is returned, so it is committed once; the loser is
+cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch none of
+whose turns is still waited on is cancelled.
+
+A turn whose provider batch failed or expired goes to the sync API while the deadline
+allows, logged; else it fails with an error that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentbatch.backends.base import Backend
+from agentbatch.backends.provider_batch import ItemError, ItemResult, ProviderBatchClient
+from agentbatch.core.errors import (
+    BackendError,
+    BackendTimeout,
+    BadRequest,
+    RateLimited,
+    ServerError,
+)
+from agentbatch.core.model_io import ModelRequest, ModelResponse
+
+log = logging.getLogger(__name__)
+
+Route = Literal["sync", "batch"]
+WINDOW_S = 0.25  # turns ready this close together share one provider batch
+MAX_ITEMS = 10_000  # per provider batch
+POLL_S = 0.25  # first poll of a provider batch; backs off to MAX_POLL_S
+MAX_POLL_S = 5.0
+MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
+PRIOR_SYNC_S = 5.0  # a sync turn's latency before any has been observed
+SAFETY_S = 2.0  # kept free before the deadline
+MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
+SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
+TAIL_SHARE = 0.1
+
+
+@dataclass
+class Latencies:
+    """Observed seconds, each with the number of turns it was measured over (a provider batch
+    ends with its slowest request, so a big one takes longer than a small one); quantiles by
+    nearest rank."""
+
+    samples: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def add(self, seconds: float, size: int = 1) -> None:
+        self.samples.append(seconds)
+        self.sizes.append(size)
+        if len(self.samples) > 2000:
+            del self.samples[:1000]
+            del self.sizes[:1000]
+
+    def of_size(self, at_least: float) -> list[float]:
+        """The samples measured over at least ``at_least`` turns."""
+        return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
+
+    def quantile(self, q: float, at_least: float = 0) -> float | None:
+        ordered = sorted(self.of_size(at_least))
+        if not ordered:
+            return None
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+@dataclass
+class _Open:
+    """A provider batch still being watched."""
+
+    id: str
+    submitted: float
+    wanted: set[str]
+    size: int = 0  # turns it was submitted with
+
+
+_KINDS: dict[str, type[BackendError]] = {
+    "server_error": ServerError, "rate_limited": RateLimited, "bad_request": BadRequest,
+    "expired": BackendTimeout, "cancelled": ServerError, "missing": ServerError}
+
+
+class ProviderBatchTurns:
+    """The provider-batch side of one embedded batch."""
+
+    def __init__(self, client: ProviderBatchClient, backend: Backend, *,
+                 mode: Literal["batch", "auto"], deadline: float | None, total: int) -> None:
+        self.client = client
+        self.backend = backend
+        self.mode = mode
+        self.deadline = deadline  # time.monotonic()
+        self.total = total
+        self.batch_latency = Latencies()
+        self.sync_latency = Latencies()
+        self.stats: Counter[str] = Counter()
+        self._pending: list[tuple[str, ModelRequest]] = []
+        self._futures: dict[str, asyncio.Future[ItemResult]] = {}
+        self._owner: dict[str, _Open] = {}
+        self._open: dict[str, _Open] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def batch_estimate(self) -> float | None:
+        """Seconds a provider batch takes: observed p90, or the oldest open one's age."""
+        now = time.monotonic()
+        ages = [now - o.submitted for o in self._open.values()]
+        seen = self.batch_latency.quantile(0.9)
+        best = max([*ages, *([seen] if seen is not None else [])], default=None)
+        return None if best is None else best + WINDOW_S
+
+    def sync_estimate(self) -> float:
+        seen = self.sync_latency.quantile(0.9)
+        return PRIOR_SYNC_S if seen is None else seen
+
+    def route(self, turns_left: float, live: int) -> Route:
+        """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
+        if self.mode == "batch" or self.deadline is None:
+            return "batch"
+        if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
+            self.stats["routed_sync_tail"] += 1
+            return "sync"
+        batch = self.batch_estimate() or 0.0
+        finish = (time.monotonic() + batch + (turns_left - 1) * self.sync_estimate()
+                  + SAFETY_S)
+        if finish > self.deadline:
+            self.stats["routed_sync_deadline"] += 1
+            return "sync"
+        return "batch"
+
+    def _hedge_at(self, submitted: float, turns_left: float,
+                  size: int | None) -> float | None:
+        """When a waiting batch turn should race the sync API (None: not yet known).
+
+        The p90 is of provider batches at least ``SIMILAR`` times the size of the turn's own
+        (``size``; None while it is not submitted): a batch ends with its slowest request,
+        so the p90 of small batches would hedge a big one still on course, every turn of it
+        at the sync price."""
+        times = []
+        if size is not None:
+            similar = self.batch_latency.of_size(SIMILAR * size)
+            p90 = self.batch_latency.quantile(0.9, SIMILAR * size)
+            if p90 is not None and len(similar) >= MIN_SAMPLES:
+                times.append(submitted + p90)
+        if self.deadline is not None:
+            times.append(self.deadline - turns_left * self.sync_estimate() - SAFETY_S)
+        return min(times, default=None)
+
+    # --- the two paths ---------------------------------------------------------------------
+
+    async def sync(self, request: ModelRequest) -> ModelResponse:
+        """One turn through the sync API, its latency observed."""
+        started = time.monotonic()
+        response = await self.backend.complete(request)
+        self.sync_latency.add(time.monotonic() - started)
+        return response
+
+    async def complete(self, request: ModelRequest, turns_left: float) -> tuple[ModelResponse,
+                                                                                  bool]:
+        """The reply to ``request`` and whether the provider batch served it (else sync)."""
+        cid = f"t{next(self._ids)}-{request.request_id or 'turn'}"[:64]
+        future: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
+        self._futures[cid] = future
+        self._pending.append((cid, request))
+        self.stats["batch_sent"] += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        submitted = time.monotonic()
+        try:
+            while not future.done():
+                opened = self._owner.get(cid)
+                at = self._hedge_at(submitted, turns_left,
+                                    None if opened is None else opened.size)
+                now = time.monotonic()
+                if at is not None and now >= at:
+                    return await self._hedge(cid, request, future)
+                wait = 1.0 if at is None else min(max(at - now, 0.01), 1.0)
+                await asyncio.wait({future}, timeout=wait)
+            return await self._settle(cid, request, future.result())
+        finally:
+            self._forget(cid)
+
+    async def _hedge(self, cid: str, request: ModelRequest,
+                     future: asyncio.Future[ItemResult]) -> tuple[ModelResponse, bool]:
+        self.stats["hedged"] += 1
+        sync = asyncio.ensure_future(self.sync(request))
+        try:
+            racing: set[asyncio.Future[Any]] = {future, sync}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            if future.done() and future.result().ok:
+                self.stats["hedge_won_by_batch"] += 1
+                return await self._settle(cid, request, future.result())
+            self._forget(cid)  # the batch's answer, if it comes, is dropped
+            response = await sync
+            self.stats["hedge_won_by_sync"] += 1
+            self.stats["served_sync"] += 1
+            return response, False
+        finally:
+            if not sync.done():
+                sync.cancel()
+                with contextlib.suppress(BaseException):
+                    await sync
+
+    async def _settle(self, cid: str, request: ModelRequest,
+                      item: ItemResult) -> tuple[ModelResponse, bool]:
+        if item.response is not None:
+            self.stats["served_batch"] += 1
+            return item.response, True
+        error = item.error or ItemError("missing", "no result")
+        allowed = self.deadline is None or time.monotonic() < self.deadline - SAFETY_S
+        if error.retryable and allowed:
+            self.stats["fallback_sync"] += 1
+            log.warning("a provider batch turn came back %s (%s): sent to the sync API",
+                        error.kind, error.message)
+            response = await self.sync(request)
+            self.stats["served_sync"] += 1
+            return response, False
+        why = "" if not error.retryable else "; the deadline left no time for the sync API"
+        raise _KINDS[error.kind](f"provider batch turn {error.kind}: {error.message}{why}")
+
+    # --- provider batches ------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(WINDOW_S)
+        while self._pending:
+            chunk, self._pending = self._pending[:MAX_ITEMS], self._pending[MAX_ITEMS:]
+            chunk = [(cid, req) for cid, req in chunk if cid in self._futures]
+            if not chunk:
+                continue
+            try:
+                state = await self.client.submit(chunk)
+            except Exception as exc:  # every turn of it falls back or fails, said so
+                log.warning("a provider batch of %d turns could not be submitted: %s",
+                            len(chunk), exc)
+                self._resolve({cid: ItemResult(cid, error=ItemError(
+                    "server_error", f"the provider batch could not be submitted: {exc}"))
+                    for cid, _ in chunk})
+                continue
+            opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk}, len(chunk))
+            self.stats["provider_batches"] += 1
+            self._open[state.id] = opened
+            for cid in opened.wanted:
+                self._owner[cid] = opened
+            task = asyncio.create_task(self._watch(opened))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self, opened: _Open) -> None:
+        give_up = (self.deadline if self.deadline is not None
+                   else opened.submitted + MAX_WAIT_S)
+        delay = POLL_S
+        try:
+            while True:
+                if not opened.wanted:  # every turn answered elsewhere: stop paying for it
+                    await self._cancel(opened, "its turns were all answered by the sync API")
+                    return
+                state = None
+                with contextlib.suppress(BackendError):
+                    state = await self.client.state(opened.id)
+                if state is not None and state.ended:
+                    break
+                if time.monotonic() >= give_up:
+                    await self._cancel(opened, "it was still running at the deadline")
+                    self._resolve({cid: ItemResult(cid, error=ItemError(
+                        "expired", f"provider batch {opened.id} was still running at the "
+                        "deadline")) for cid in list(opened.wanted)})
+                    return
+                await asyncio.sleep(min(delay, max(give_up - time.monotonic(), 0.01)))
+                delay = min(delay * 1.5, MAX_POLL_S)
+            try:
+                found = await self.client.results(opened.id, sorted(opened.wanted))
+            except Exception as exc:
+                found = {cid: ItemResult(cid, error=ItemError(
+                    "server_error", f"provider batch {opened.id} ({state.status}): {exc}"))
+                    for cid in opened.wanted}
+            if any(item.ok for item in found.values()):
+                self.batch_latency.add(time.monotonic() - opened.submitted, opened.size)
+            failed = sum(not item.ok for item in found.values())
+            if failed:
+                log.warning("provider batch %s ended %s with %d of %d turns unanswered",
+                            opened.id, state.status, failed, len(found))
+            self._resolve(found)
+        finally:
+            self._open.pop(opened.id, None)
+
+    async def _cancel(self, opened: _Open, why: str) -> None:
+        self.stats["provider_batches_cancelled"] += 1
+        log.info("cancelling provider batch %s: %s", opened.id, why)
+        try:
+            await asyncio.wait_for(self.client.cancel(opened.id), timeout=60)
+        except Exception as exc:
+            log.warning("provider batch %s could not be cancelled: %s", opened.id, exc)
+
+    def _resolve(self, items: dict[str, ItemResult]) -> None:
+        for cid, item in items.items():
+            future = self._futures.get(cid)
+            if future is not None and not future.done():
+                future.set_result(item)
+
+    def _forget(self, cid: str) -> None:
+        self._futures.pop(cid, None)
+        opened = self._owner.pop(cid, None)
+        if opened is not None:
+            opened.wanted.discard(cid)
+
+    async def aclose(self) -> None:
+        """Stop watching; cancel provider batches still open (nothing waits on them)."""
+        still_open = list(self._open.values())
+        tasks = list(self._tasks)
+        for task in [self._flusher, *tasks]:
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for opened in still_open:
+            await self._cancel(opened, "the batch has ended")
+        self._open.clear()
+        await self.client.aclose()
