@@ -8,7 +8,6 @@ from agentbatch.api import (
     arun_batch,
     asubmit_batch,
     get_batch,
-    get_pipeline,
     run_batch,
     submit_batch,
 )
@@ -23,16 +22,16 @@ from agentbatch.core.errors import (
     ToolError,
 )
 from agentbatch.core.results import AgentError, AgentResult, ToolCallRecord
+from agentbatch.core.version import __version__ as __version__
 from agentbatch.patterns.generate import agenerate_batch, generate_batch
 from agentbatch.patterns.map_reduce import arun_with_map_reduce, run_with_map_reduce
 from agentbatch.patterns.pipeline_error import PipelineError
+from agentbatch.patterns.pipeline_handle import get_pipeline
 from agentbatch.patterns.reduce import arun_with_reduce, run_with_reduce
 from agentbatch.patterns.scatter import abroadcast, ascatter_gather, broadcast, scatter_gather
 from agentbatch.patterns.tree import atree_reduce, tree_reduce
 from agentbatch.toolpool import Tool, ToolContext, tool
 from agentbatch.turnloop.handle import BatchHandle
-
-__version__ = "0.1.0"
 
 __all__ = [
     # running batches

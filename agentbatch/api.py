@@ -153,17 +153,3 @@ def get_batch(batch_id: str, *, redis_url: str | None = None) -> BatchHandle:
     from agentbatch.distributed.submit import attach_distributed
 
     return attach_distributed(batch_id, url)
-
-
-def get_pipeline(pipeline_id: str, *, redis_url: str | None = None) -> Any:
-    """Re-attach to a distributed ``run_with_reduce`` / ``run_with_map_reduce`` (its
-    ``batch_id``) from any process: a ``PipelineHandle`` with ``progress()`` and
-    ``wait(timeout)`` -> ``(map_results, reduced)``."""
-    from agentbatch.patterns.pipeline_handle import PipelineHandle
-    from agentbatch.patterns.pipeline_spec import check_pipeline_id
-
-    check_pipeline_id(pipeline_id)
-    url = redis_url or os.environ.get("AGENTBATCH_REDIS_URL")
-    if not url:
-        raise BatchSpecError("get_pipeline needs redis_url (or AGENTBATCH_REDIS_URL)")
-    return PipelineHandle(pipeline_id, url)

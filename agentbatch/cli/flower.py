@@ -1,8 +1,8 @@
 """`agentbatch flower`: Flower, the Celery dashboard, closed by default.
 
-``celery -A agentbatch.distributed.workers flower`` listens on every interface with no auth, and watches
-``redis://127.0.0.1:6379`` when no URL is set. Flower shows every task's args (batch ids,
-agent indexes) and can revoke tasks and shut workers down, so this command:
+``celery -A agentbatch.distributed.workers flower`` listens on every interface with no auth,
+and watches ``redis://127.0.0.1:6379`` when no URL is set. Flower shows every task's args
+(batch ids, agent indexes) and can revoke tasks and shut workers down, so this command:
 
 * binds 127.0.0.1 unless ``--address`` is given;
 * needs ``--basic-auth user:password`` or ``--auth`` (Flower's OAuth e-mail pattern), unless

@@ -19,8 +19,8 @@ from pydantic import BaseModel
 
 from agentbatch.core.errors import BatchSpecError
 from agentbatch.core.results import AgentResult
+from agentbatch.core.tool import Tool
 from agentbatch.core.tool_output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS
-from agentbatch.toolpool import Tool
 
 DEFAULT_MAX_INFLIGHT = 256
 # Tool calls run from one model reply; the rest are answered with an error, so one runaway

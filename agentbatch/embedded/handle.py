@@ -30,13 +30,14 @@ from agentbatch.core.result_buffer import ResultBuffer
 from agentbatch.core.results import AgentResult
 from agentbatch.embedded.checkpoint import CheckpointStore, close_checkpoint, open_for_batch
 from agentbatch.embedded.engine import EmbeddedEngine
-from agentbatch.metrics.server import serve_embedded
+from agentbatch.embedded.metrics import serve_embedded
+from agentbatch.embedded.progress import embedded_snapshot
 from agentbatch.toolpool import ToolPool, TTLCache
 from agentbatch.turnloop.backpressure import BackpressureGate
 from agentbatch.turnloop.batch_turns import ProviderBatchTurns
 from agentbatch.turnloop.compile import CompiledBatch
 from agentbatch.turnloop.handle import BatchHandle
-from agentbatch.turnloop.progress import BatchProgress, Throughput, embedded_snapshot
+from agentbatch.turnloop.progress import BatchProgress, Throughput
 from agentbatch.turnloop.runtime import BatchRuntime
 from agentbatch.turnloop.validate import deadline_in
 

@@ -111,13 +111,3 @@ def check_metrics_port(port: object, redis_url: str | None) -> None:
             "metrics_port is for the embedded engine; on the distributed engine (redis_url=...) "
             "each worker exports the metrics itself: start it with `agentbatch worker "
             "--metrics-port PORT` (docs/metrics.md)")
-
-
-def serve_embedded(port: int) -> Any:
-    """The embedded engine's ``/metrics``: the same names as a worker's, its gauges read from
-    this process's running batches. One server per process and port, kept for the process's
-    life (counters keep counting across batches, as Prometheus expects)."""
-    from agentbatch.metrics.collectors import EmbeddedGauges
-
-    host = os.environ.get(HOST_ENV) or "127.0.0.1"
-    return serve(port, host, [EmbeddedGauges()])

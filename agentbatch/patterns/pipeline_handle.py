@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from agentbatch.distributed.workers.dispatch import Followup, publish
 from agentbatch.distributed.workers.settings import WorkerSettings
 from agentbatch.patterns.pipeline_chain import stage_batch, stage_of, stage_results, submit_stage
 from agentbatch.patterns.pipeline_error import PipelineError
-from agentbatch.patterns.pipeline_spec import PipelineSpec
+from agentbatch.patterns.pipeline_spec import PipelineSpec, check_pipeline_id
 from agentbatch.turnloop.runtime import import_object
 
 log = logging.getLogger(__name__)
@@ -180,10 +181,15 @@ class PipelineHandle:
         self.close()
 
 
-def get_pipeline(pipeline_id: str, *, redis_url: str) -> PipelineHandle:
-    """Re-attach to a chained pipeline (a distributed ``run_with_reduce`` /
-    ``run_with_map_reduce``) from any process."""
-    return PipelineHandle(pipeline_id, redis_url)
+def get_pipeline(pipeline_id: str, *, redis_url: str | None = None) -> PipelineHandle:
+    """Re-attach to a distributed ``run_with_reduce`` / ``run_with_map_reduce`` (its
+    ``batch_id``) from any process: a ``PipelineHandle`` with ``progress()`` and
+    ``wait(timeout)`` -> ``(map_results, reduced)``."""
+    check_pipeline_id(pipeline_id)
+    url = redis_url or os.environ.get("AGENTBATCH_REDIS_URL")
+    if not url:
+        raise BatchSpecError("get_pipeline needs redis_url (or AGENTBATCH_REDIS_URL)")
+    return PipelineHandle(pipeline_id, url)
 
 
 def new_pipeline_id(batch_id: str | None) -> str:

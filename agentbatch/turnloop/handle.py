@@ -29,7 +29,7 @@ class BatchHandle(abc.ABC):
         url = getattr(self, "redis_url", None)
         if not url:
             return "embedded (in this process)"
-        from agentbatch.distributed.state.connection import mask_url
+        from agentbatch.core.redis_url import mask_url
 
         return f"distributed (Redis {mask_url(url)})"
 

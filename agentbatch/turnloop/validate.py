@@ -27,7 +27,7 @@ from agentbatch.core.compaction import check_compaction
 from agentbatch.core.errors import BatchSpecError, ConfigError
 from agentbatch.core.options import BatchOptions, Pricing
 from agentbatch.core.pricing import load_prices
-from agentbatch.distributed.state.connection import check_url
+from agentbatch.core.redis_url import check_url
 from agentbatch.metrics.server import check_metrics_port
 from agentbatch.toolpool import Tool
 from agentbatch.turnloop.json_tool_calling import check_mode as check_tool_calling

@@ -4,7 +4,8 @@ A distributed batch on llama.cpp is capped at the server's slot count (as the em
 is), and a freed slot goes to the turn with the fewest turns left, then to the one that has
 waited longest: not to whichever worker polls first, and not to a claim that arrives at the
 right moment. On llama-server this decides whether an agent's next turn finds its first turn
-in the prompt cache (``agentbatch/distributed/state/semaphore.py``; bench_engine's ``distributed`` system).
+in the prompt cache (``agentbatch/distributed/state/semaphore.py``; bench_engine's
+``distributed`` system).
 """
 
 from __future__ import annotations

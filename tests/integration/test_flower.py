@@ -31,7 +31,8 @@ AGENTS = 5
 
 
 class FlowerProcess:
-    """``python -m celery -A agentbatch.distributed.workers --broker=URL flower`` on a free local port."""
+    """``python -m celery -A agentbatch.distributed.workers --broker=URL flower`` on a free
+    local port."""
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url

@@ -3,8 +3,8 @@
 The real command against a real (password-protected) redis-server: it answers 401 without
 credentials and 200 with them, listens on 127.0.0.1 only, keeps the Redis password out of
 every command line, and refuses to start with no auth choice or no broker URL. Before the
-fix there was no such command; the README's ``celery -A agentbatch.distributed.workers flower`` had no
-auth, listened on every interface and silently watched ``redis://127.0.0.1:6379``.
+fix there was no such command; the README's ``celery -A agentbatch.distributed.workers
+flower`` had no auth, listened on every interface and silently watched ``redis://127.0.0.1:6379``.
 """
 
 from __future__ import annotations

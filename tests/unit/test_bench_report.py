@@ -184,13 +184,16 @@ PROFILE = {
                  "inference_workers": 4, "tool_workers": 2, "threads_per_worker": 16},
     "py_spy": {
         "rate_hz": 200, "py_spy_cpu_s": 7.5, "late_warnings": 3,
-        "inference": _kind([("agentbatch.distributed.state", 0.4, 2.5), ("kombu", 0.3, 1.25)], 0.3, 400),
+        "inference": _kind([("agentbatch.distributed.state", 0.4, 2.5), ("kombu", 0.3, 1.25)],
+                           0.3, 400),
         "tools": _kind([("kombu", 0.5, 3.0)], 0.5, 300),
         "all_workers": {
             "owners": [{"owner": "kombu", "share": 0.6, "cpu_ms_per_task": 1.5},
-                       {"owner": "agentbatch.distributed.state", "share": 0.4, "cpu_ms_per_task": 1.0}],
+                       {"owner": "agentbatch.distributed.state", "share": 0.4,
+                        "cpu_ms_per_task": 1.0}],
             "top_agentbatch": [
-                {"function": f"agentbatch/distributed/state/redis_store.py:f{i}", "inference_share": 0.1,
+                {"function": f"agentbatch/distributed/state/redis_store.py:f{i}",
+                 "inference_share": 0.1,
                  "tools_share": 0.0, "cpu_ms_per_task": 1.0 - i / 20} for i in range(12)]},
     },
     "yappi": {"error": "the yappi worker wrote no stats to /tmp/x"},

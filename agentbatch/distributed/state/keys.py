@@ -2,7 +2,8 @@
 
 A batch's keys share the hash tag ``{batch_id}``; this does not make agentbatch Cluster-safe:
 the commit script also touches ``ab:batches``, the fleet-wide ``ab:watch`` zset and the Celery
-queue lists, so Redis Cluster is refused (``distributed/state/connection.py``, ``CLUSTER_UNSUPPORTED``).
+queue lists, so Redis Cluster is refused (``distributed/state/connection.py``,
+``CLUSTER_UNSUPPORTED``).
 """
 
 from __future__ import annotations

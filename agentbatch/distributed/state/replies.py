@@ -2,7 +2,8 @@
 
 redis-py annotates replies for both of its modes (``bytes | str`` keys and values, ``None``
 for an entry that cannot be, a dict for RESP3 stream reads). Every client here is made by
-``distributed/state/connection.py`` with ``decode_responses=True`` on RESP2, so a reply holds ``str``.
+``distributed/state/connection.py`` with ``decode_responses=True`` on RESP2, so a reply
+holds ``str``.
 These functions say so once, at the edge, instead of each reader narrowing it again; they
 return the reply itself (no copy, no check: a hot path reads through them).
 """

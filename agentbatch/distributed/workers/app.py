@@ -33,7 +33,8 @@ def celery_config(redis_url: str) -> dict[str, Any]:
         # hash and zset and delete it again on ack (eight Redis commands per task) only to
         # redeliver it an hour later. Leases, the progress deadlines and the sweep own
         # recovery: a message a dead worker took is re-sent once its agent's deadline passes
-        # (distributed/workers/sweep.py), and a worker's warm shutdown hands back what it prefetched.
+        # (distributed/workers/sweep.py), and a worker's warm shutdown hands back what it
+        # prefetched.
         "ack_emulation": False,
         "health_check_interval": 10,  # celery#8030: notice dead broker connections
         "socket_timeout": 30,

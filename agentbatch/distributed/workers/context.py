@@ -136,7 +136,7 @@ class WorkerContext:
             created_at = time.time()
         plan = BatchPlan(batch_id=batch_id, total=0, model="", backends=[], system_message="",
                          created_at=created_at)
-        from agentbatch import __version__
+        from agentbatch.core.version import __version__
 
         error = (f"the batch's plan cannot be read by this worker version (agentbatch "
                  f"{__version__}): it was written by another version or damaged ({detail})")

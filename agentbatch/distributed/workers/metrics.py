@@ -41,7 +41,7 @@ def _child_exited(pid: int | None = None, **_: Any) -> None:
 def serve_metrics(port: int, host: str = "127.0.0.1", redis_url: str | None = None) -> Any:
     """Serve ``/metrics`` on ``host:port`` from a daemon thread; ``MetricsPortInUse`` (naming
     the port) when another process holds it."""
-    from agentbatch.metrics.collectors import RedisGauges
+    from agentbatch.distributed.queue_gauges import RedisGauges
 
     extra = [RedisGauges(redis_url)] if redis_url else []
     return serve(port, host, extra, param="--metrics-port")
