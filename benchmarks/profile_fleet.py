@@ -56,7 +56,7 @@ from benchmarks.machine import REPO, machine_info, utc_now, write_json
 from tests.support.redis_server import RedisServer
 from tests.support.workers import WorkerProcess
 
-AGENTBATCH_PARTS = ("state", "workers", "orchestrator", "backends", "toolpool")
+AGENTBATCH_PARTS = ("core", "turnloop", "distributed", "backends", "toolpool", "metrics")
 STDLIB_IO = ("threading", "selectors", "socket", "ssl")
 LIBRARIES = {"celery": "celery", "kombu": "kombu", "billiard": "billiard", "redis": "redis-py",
              "hiredis": "hiredis", "aiohttp": "aiohttp", "pydantic": "pydantic",
@@ -109,6 +109,8 @@ def owner_of(module: str, function: str = "") -> str | None:
     """The owner of a frame's code, None for a module outside the list."""
     parts = module.split(".")
     if parts[0] == "agentbatch":
+        if len(parts) > 2 and parts[1] == "distributed" and parts[2] in ("state", "workers"):
+            return f"agentbatch.distributed.{parts[2]}"  # the Redis side and the Celery side
         return (f"agentbatch.{parts[1]}" if len(parts) > 1 and parts[1] in AGENTBATCH_PARTS
                 else "agentbatch (other)")
     if module == "redis._parsers.hiredis" or function == "HiredisRespSerializer.pack":

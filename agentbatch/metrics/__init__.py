@@ -1,7 +1,7 @@
 """agentbatch's Prometheus metrics (``agentbatch_*``): every metric declared once, here.
 
 Both engines record through the functions below, at the single place each thing happens: a
-model call (``orchestrator/turn_io.call_model``), a tool call (``ToolPool._bump``), an agent's
+model call (``turnloop/turn_io.call_model``), a tool call (``ToolPool._bump``), an agent's
 end (the embedded engine's ``_drive``, the worker's ``commit``), a worker event
 (``WorkerContext.stats``). The names are listed in docs/metrics.md and used by
 deploy/grafana-agentbatch.json.

@@ -21,7 +21,7 @@ _NAME = re.compile(r"\s*([A-Za-z0-9_.:\-]+)\s*")
 _FAIL_OPT = re.compile(r"^(times|retry_after)=(\S+)$")
 _ANSWER = re.compile(r"\s*@sim\s+answer(?: (.*))?$", re.DOTALL)
 _DECODER = json.JSONDecoder()
-# agentbatch's summary transcript (``orchestrator.compaction.transcript``): a call, a result.
+# agentbatch's summary transcript (``core.compaction.transcript``): a call, a result.
 _CALLED = re.compile(r"^\[called ([A-Za-z0-9_.:\-]+)\((.*)\)\]$")
 _RESULT = "[tool result"
 
