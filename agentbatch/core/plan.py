@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agentbatch.core.options import BatchOptions, Compaction, ToolChoice
+from agentbatch.core.options import BatchOptions, Compaction, Pricing, ToolChoice
 
 _DEFAULTS = {f.name: f.default for f in fields(BatchOptions) if f.default is not MISSING}
 
@@ -66,6 +66,9 @@ class BatchPlan(BaseModel):
     # by the commit script (``lua/commit.lua``) and the agent's own usage
     max_cost_usd: float | None = _default("max_cost_usd")
     max_agent_cost_usd: float | None = _default("max_agent_cost_usd")
+    # "batch": the workers send each model turn through the provider's batch API
+    # (distributed/provider_batches.py); "auto" is refused on the distributed engine
+    pricing: Pricing = _default("pricing")
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")

@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from agentbatch.backends.setup import open_backend, preflight_backend, warm_backend
+from agentbatch.backends.base import Backend
+from agentbatch.backends.provider_batch import batch_client
+from agentbatch.backends.setup import endpoints, open_backend, preflight_backend, warm_backend
 from agentbatch.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -287,10 +289,25 @@ async def _warm(plan: BatchPlan) -> None:
     backend = open_backend(plan.backends, timeout=min(plan.timeout_per_turn or 30.0, 30.0))
     try:
         await preflight_backend(backend, plan)
-        if plan.warm_prefix and plan.total > 1:
+        if plan.pricing == "batch":  # all-batch turns skip the sync prefix cache it warms
+            await check_batch_api(plan, backend)
+        elif plan.warm_prefix and plan.total > 1:
             await warm_backend(backend, plan)
     finally:
         await backend.aclose()
+
+
+async def check_batch_api(plan: BatchPlan, backend: Backend) -> None:
+    """pricing="batch": the backend's batch API must answer (asked from here, at submit)."""
+    drivers = endpoints(backend)
+    client = await batch_client(drivers[0]) if len(drivers) == 1 else None
+    if client is None:
+        raise BatchSpecError(
+            f"pricing='batch': backend {', '.join(plan.backends)} has no provider batch API "
+            "(OpenAI's /v1/batches or Anthropic's /v1/messages/batches did not answer at "
+            "warm-up, or it is a pool of several URLs); use pricing='sync'; nothing was "
+            "enqueued")
+    await client.aclose()
 
 
 def warm_from_submitter(plan: BatchPlan) -> None:
@@ -310,7 +327,8 @@ def submit_distributed(compiled: CompiledBatch, opts: BatchOptions) -> Distribut
     plan = compiled.plan
     client = _connect(url)
     # max_server_waiting needs the servers' /metrics checked here, before anything is enqueued.
-    if (plan.warm_prefix and plan.total > 1) or plan.max_server_waiting is not None:
+    if (plan.warm_prefix and plan.total > 1) or plan.max_server_waiting is not None \
+            or plan.pricing == "batch":
         try:
             warm_from_submitter(plan)
         except BaseException:

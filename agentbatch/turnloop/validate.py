@@ -243,7 +243,7 @@ def check_options(opts: BatchOptions) -> None:
 
 
 PRICINGS = typing.get_args(Pricing)
-EMBEDDED_ONLY = ("pricing", "deadline")
+EMBEDDED_ONLY = ("deadline",)  # and pricing="auto" (_check_cost)
 
 
 def deadline_in(deadline: Any) -> float | None:
@@ -280,12 +280,14 @@ def _check_cost(opts: BatchOptions) -> None:
             raise BatchSpecError(f"pricing={opts.pricing!r} prices turns at the batch rates: "
                                  f"prices[{opts.model!r}] needs {' and '.join(missing)}")
     if opts.redis_url:
-        given = [name for name in EMBEDDED_ONLY if getattr(opts, name) not in (None, "sync")]
+        given = [name for name in EMBEDDED_ONLY if getattr(opts, name) is not None]
+        if opts.pricing == "auto":
+            given.insert(0, 'pricing="auto"')
         if given:
             raise BatchSpecError(
                 f"{', '.join(given)}: embedded-only for now; the distributed engine "
-                "(redis_url=...) sends no turn through a provider batch API yet, so it is "
-                "refused rather than ignored (docs/cost.md)")
+                '(redis_url=...) takes pricing="batch" without a deadline (every turn through '
+                "the provider batch API), so it is refused rather than ignored (docs/cost.md)")
 
 
 def _check_deadline(opts: BatchOptions) -> None:

@@ -2,7 +2,8 @@
 simulator's provider batch API: which API served each turn (the sim's chat requests vs the
 items of its provider batches, and each agent's ``batch_turns``), what it cost, and that a
 deadline the batch latency would miss moves turns to the sync API. Bad input is refused
-before anything is sent; the distributed engine refuses these options (embedded-only)."""
+before anything is sent; the distributed engine refuses "auto" and deadline= (embedded-only;
+its pricing="batch" is tested in test_distributed_provider_batch.py)."""
 
 from __future__ import annotations
 
@@ -169,14 +170,18 @@ def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, o
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("opts", [{"pricing": "batch"}, {"pricing": "auto", "deadline": 600}])
-def test_the_distributed_engine_refuses_them_as_embedded_only(redis_url, fast_batches,
-                                                              opts) -> None:
+@pytest.mark.parametrize("opts,named", [
+    ({"pricing": "auto", "deadline": 600}, 'pricing="auto", deadline'),
+    ({"pricing": "batch", "deadline": 600}, "deadline"),
+])
+def test_the_distributed_engine_refuses_auto_and_deadline_as_embedded_only(
+        redis_url, fast_batches, opts, named) -> None:
+    # pricing="batch" alone runs on the distributed engine (test_distributed_provider_batch.py)
     with pytest.raises(BatchSpecError) as err:
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
                      prices=PRICES, redis_url=redis_url, **opts)
     message = str(err.value)
-    assert "embedded-only for now" in message
-    assert all(name in message for name in opts if name != "deadline" or "pricing" not in opts)
+    assert message.startswith(f"{named}: embedded-only for now"), message
+    assert 'takes pricing="batch" without a deadline' in message
     assert redis.from_url(redis_url).dbsize() == 0
-    assert _chat_requests(fast_batches) == 0
+    assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0

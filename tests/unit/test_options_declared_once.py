@@ -61,8 +61,9 @@ def test_every_plan_option_is_declared_with_the_same_default_and_round_trips():
               "max_server_waiting": 2, "max_tool_calls_per_turn": 5,
               "max_tool_output_chars": 99, "tool_calling": "native", "tool_choice": "required",
               "max_context_tokens": 5000, "compaction": "truncate", "compaction_threshold": 0.5,
-              "prices": {"m": {"prompt": 1.0, "completion": 2.0}}, "keep_transcript": True,
-              "max_cost_usd": 2.5, "max_agent_cost_usd": 0.5}
+              "prices": {"m": {"prompt": 1.0, "completion": 2.0, "batch_prompt": 0.5,
+                               "batch_completion": 1.0}}, "keep_transcript": True,
+              "max_cost_usd": 2.5, "max_agent_cost_usd": 0.5, "pricing": "batch"}
     assert set(chosen) == set(carried)
     # json tool calling needs the schema sent: each value differs from its default in one
     # (and batch prompting tool turns needs json mode)
@@ -94,9 +95,10 @@ def test_literals_and_their_checkers_agree():
 
 def test_embedded_only_cost_options_are_declared_and_not_carried_by_the_plan():
     # the distributed engine refuses them at submit (validate.EMBEDDED_ONLY), so a worker
-    # never needs them: they stay out of the plan (the caps are carried: workers check them)
+    # never needs them: they stay out of the plan (the caps and pricing="batch" are carried:
+    # workers check them; pricing="auto" is refused on the distributed engine)
     declared = _declared()
-    assert set(EMBEDDED_ONLY) == {"pricing", "deadline"}
+    assert set(EMBEDDED_ONLY) == {"deadline"}
     assert set(EMBEDDED_ONLY) <= set(declared)
     assert not set(EMBEDDED_ONLY) & set(carried_options())
     with pytest.raises(BatchSpecError, match="tool_calling must be one of"):

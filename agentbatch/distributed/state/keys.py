@@ -47,6 +47,9 @@ class BatchKeys:
         # string: why the batch's keys went (expired after retention, or deleted); outlives
         # them by TOMBSTONE_S so a late reader gets ``BatchExpired``, not ``BatchLost``
         self.gone = f"{base}:gone"
+        # hash: "<index>:<version>" -> the provider batch id holding that turn (pricing="batch",
+        # distributed/provider_batches.py), "?" while it is being submitted; its own TTL
+        self.provider_batches = f"{base}:pbatch"
         self._base = base
 
     def member(self, index: int) -> str:

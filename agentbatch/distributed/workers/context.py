@@ -25,6 +25,7 @@ from agentbatch.core.output import OutputContract
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.results import ErrorKind
 from agentbatch.core.turns import TurnPolicy
+from agentbatch.distributed.provider_batches import ProviderBatches
 from agentbatch.distributed.state.connection import async_client
 from agentbatch.distributed.state.keys import TOOL_DONE_CHANNEL
 from agentbatch.distributed.state.note_hub import NoteHub
@@ -68,6 +69,8 @@ class WorkerContext:
                                         lock_ttl_ms=settings.lease_ttl_ms)
         self.cache = RedisResultCache(self.redis)
         self.stats: Counter[str] = EventCounter()  # also agentbatch_events_total
+        # pricing="batch": this process's turns gathered into provider batches
+        self.provider_batches = ProviderBatches(self.note)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
         self._backends: dict[tuple[str, ...], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,7 +19,7 @@ from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.budget import plan_refusal, turn_spend
 from agentbatch.core.errors import BatchCancelled, ServerBusy
 from agentbatch.core.finish import keeps_transcript, result_from_state
-from agentbatch.core.model_io import ToolOutcome
+from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolOutcome
 from agentbatch.core.tool import Tool
 from agentbatch.core.turns import (
     Abandoned,
@@ -32,6 +33,7 @@ from agentbatch.core.turns import (
     next_action,
     step,
 )
+from agentbatch.distributed.provider_batches import item_error
 from agentbatch.distributed.state.redis_store import BatchStore, Claim, now_ms
 from agentbatch.distributed.state.transition import Transition
 from agentbatch.distributed.tool_coalesce import RedisLease
@@ -188,7 +190,9 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend) if rt is not None else None
     gate = ctx.gate(loaded.plan, rt.backend) if rt is not None else None
-    ask = sem.ask() if sem is not None and (gate is None or gate.looks_open()) else None
+    by_batch = loaded.plan.pricing == "batch"  # waits on a provider batch: no slot held
+    ask = (sem.ask() if sem is not None and not by_batch
+           and (gate is None or gate.looks_open()) else None)
     claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms,
                                    slot=ask)
     if claim.kind == "busy":
@@ -219,6 +223,8 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
         raise
     followups = await commit(ctx, loaded, state, new, token, slot_key, claim.listed,
                              logged=True)
+    if by_batch:  # committed (or lost to another delivery): the record has served
+        await ctx.provider_batches.forget(store, index, version)
     if sem is not None and claim.slots_scarce:
         # slots are scarce (claim.lua decides): turns may be queued for the one the commit
         # just freed
@@ -241,6 +247,8 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend)
     gate = ctx.gate(loaded.plan, rt.backend)
+    if loaded.plan.pricing == "batch":
+        return await _batch_turn_event(ctx, loaded, state, token, action)
     # Waits for capacity end at the turn's deadline (a retryable ``server_busy``) or when the
     # batch is cancelled, so a server queue that never drains cannot hold a worker forever.
     deadline = turn_deadline(loaded.plan.timeout_per_turn)
@@ -265,6 +273,49 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
         await sem.on_success()  # AIMD: regrow the shared limit after a quiet period
     elif isinstance(event, ModelFailed) and event.kind == "rate_limited":
         await sem.on_throttle()
+    return event
+
+
+async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
+                            token: str, action: CallModel) -> Event:
+    """pricing="batch": the turn through a provider batch (``provider_batches.py``), its
+    reply read and committed as a sync one, ``batch=True`` (priced at the batch rates). The
+    lease is renewed the whole wait (minutes to hours); no inference slot is held meanwhile.
+    An item that failed or expired goes to the sync API, inside a fleet slot."""
+    rt = loaded.runtime
+    assert rt is not None
+    sem = ctx.semaphore(loaded.plan, rt.backend)
+    store = loaded.store
+    served: list[bool] = []
+
+    async def complete(request: ModelRequest) -> ModelResponse:
+        item = await ctx.provider_batches.complete(loaded.plan, rt.backend, store, state.index,
+                                                   state.version, request)
+        if item.response is not None:
+            served.append(True)
+            return item.response
+        if item.error is None or not item.error.retryable:
+            raise item_error(item)
+        log.warning("agent %s of batch %s: its provider batch turn came back %s (%s): sent "
+                    "to the sync API", state.index, loaded.plan.batch_id, item.error.kind,
+                    item.error.message)
+        await ctx.note(loaded.plan.batch_id, "provider_batch_fallback_sync")
+        async with sem.slot(deadline=turn_deadline(loaded.plan.timeout_per_turn),
+                            cancelled=store.cancelled, holder=token, keep=True,
+                            priority=action.turns_left):
+            response = await rt.backend.complete(request)
+        served.append(False)
+        return response
+
+    try:
+        async with lease_renewal(ctx, store, state.index, token):
+            event = await call_model(rt, state, action, complete=complete)
+    except ServerBusy as exc:
+        return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
+    except BatchCancelled:
+        return Cancelled()
+    if isinstance(event, ModelReplied) and served and served[-1]:
+        event = dataclasses.replace(event, batch=True)
     return event
 
 

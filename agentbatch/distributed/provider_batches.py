@@ -1,0 +1,277 @@
+"""``pricing="batch"`` on the distributed engine: a worker's model turns through a provider's
+batch API, one provider batch per (backend, model) for the turns ready within ``WINDOW_S``.
+
+A turn's ``custom_id`` names its agent version (``custom_id``), so a result can only ever
+answer the turn it was asked for; it commits through the same versioned compare-and-set as a
+sync reply (``steps.run_turn``). The worker holds the turn's lease the whole time it waits (the
+renewal keeps it, and the agent's progress deadline, one lease ahead).
+
+What a killed worker leaves behind is in Redis, in the batch's ``pbatch`` hash: field
+``"<index>:<version>"`` -> the provider batch id that holds that turn, or ``SUBMITTING``
+while the submit is under way. The turn the sweep re-sends looks it up first:
+
+- a provider batch id: it polls that batch and takes its result (``stat:provider_batch_adopted``);
+  nothing is submitted or paid again;
+- ``SUBMITTING``: the dead worker may or may not have created the provider batch, so the turn
+  is submitted again and counted (``stat:provider_batch_resubmitted``): a double payment is
+  possible then, and never silent;
+- nothing: an ordinary first submit.
+
+Every submission is counted before it is sent (``stat:provider_batches``,
+``stat:provider_batch_items``), so the provider's count of batches can never exceed the
+batch's own. A turn whose item failed or expired goes to the sync API
+(``stat:provider_batch_fallback_sync``), as on the embedded engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from agentbatch.backends.base import Backend
+from agentbatch.backends.provider_batch import (
+    ItemError,
+    ItemResult,
+    ProviderBatchClient,
+    batch_client,
+)
+from agentbatch.backends.setup import endpoints
+from agentbatch.core.errors import (
+    BackendError,
+    BackendTimeout,
+    BadRequest,
+    BatchCancelled,
+    ServerError,
+)
+from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.plan import BatchPlan
+from agentbatch.distributed.state.redis_store import BatchStore
+from agentbatch.turnloop.batch_turns import MAX_ITEMS, MAX_POLL_S, MAX_WAIT_S, POLL_S, WINDOW_S
+
+log = logging.getLogger(__name__)
+
+SUBMITTING = "?"  # the record of a turn whose provider batch is being created
+RECORD_TTL_MS = 26 * 3600 * 1000  # past the providers' 24 h completion window
+CANCEL_CHECK_S = 2.0  # how often a waiting turn looks at the batch's cancel flag
+
+Note = Callable[[str, str, int], Awaitable[None]]  # (batch id, stat, n)
+
+
+def custom_id(batch_id: str, index: int, version: int) -> str:
+    """The ``custom_id`` of one agent version's turn: ``[A-Za-z0-9_-]{1,64}`` (Anthropic's
+    rule), unique across the batches that may share a provider batch."""
+    tag = hashlib.sha1(batch_id.encode()).hexdigest()[:16]
+    return f"ab-{tag}-{index}-{version}"
+
+
+def record_field(index: int, version: int) -> str:
+    return f"{index}:{version}"
+
+
+@dataclass
+class _Turn:
+    """A turn waiting in this process for its provider batch's answer."""
+
+    store: BatchStore
+    index: int
+    version: int
+    request: ModelRequest
+    future: asyncio.Future[ItemResult]
+
+
+@dataclass
+class _Lane:
+    """The turns of one (backend, model) gathering for the next provider batch."""
+
+    client: ProviderBatchClient
+    pending: list[tuple[str, _Turn]] = field(default_factory=list)
+    flusher: asyncio.Task[None] | None = None
+
+
+class ProviderBatches:
+    """The provider-batch side of one worker process (on its asyncio loop)."""
+
+    def __init__(self, note: Note) -> None:
+        self.note = note
+        self._clients: dict[tuple[str, ...], ProviderBatchClient | None] = {}
+        self._lanes: dict[tuple[str, ...], _Lane] = {}
+        self._lock = asyncio.Lock()
+        self._futures: dict[str, asyncio.Future[ItemResult]] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # provider batch id -> poller
+        self._wanted: dict[str, set[str]] = {}  # provider batch id -> custom ids waited on
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
+        """The backend's batch client, found once per process (``BadRequest`` without one)."""
+        key = (*plan.backends, plan.model)
+        async with self._lock:
+            if key not in self._clients:
+                drivers = endpoints(backend)
+                self._clients[key] = (await batch_client(drivers[0])
+                                      if len(drivers) == 1 else None)
+        found = self._clients[key]
+        if found is None:
+            raise BadRequest(f'pricing="batch": backend {", ".join(plan.backends)} has no '
+                             "provider batch API on this worker (OpenAI's /v1/batches or "
+                             "Anthropic's /v1/messages/batches did not answer)")
+        if key not in self._lanes:
+            self._lanes[key] = _Lane(found)
+        return found
+
+    async def complete(self, plan: BatchPlan, backend: Backend, store: BatchStore, index: int,
+                       version: int, request: ModelRequest) -> ItemResult:
+        """The provider batch's answer to this agent version's turn: from the provider batch
+        a record names (a re-sent turn), else from a new one. ``BatchCancelled`` once the
+        batch is cancelled; ``BackendTimeout`` after ``MAX_WAIT_S`` without an answer."""
+        await self.client(plan, backend)
+        key = (*plan.backends, plan.model)
+        lane = self._lanes[key]
+        cid = custom_id(plan.batch_id, index, version)
+        future = self._futures.get(cid)
+        if future is None or future.done():
+            future = asyncio.get_running_loop().create_future()
+            self._futures[cid] = future
+            found = await store.r.hget(store.k.provider_batches,
+                                       record_field(index, version))
+            if found and found != SUBMITTING:
+                await self.note(plan.batch_id, "provider_batch_adopted", 1)
+                log.info("agent %s v%s of batch %s: its turn is in provider batch %s "
+                         "already (submitted by a worker that stopped); waiting on it",
+                         index, version, plan.batch_id, found)
+                self._watch(lane.client, found, cid)
+            else:
+                if found == SUBMITTING:
+                    await self.note(plan.batch_id, "provider_batch_resubmitted", 1)
+                    log.warning("agent %s v%s of batch %s: a worker stopped while submitting "
+                                "its turn to a provider batch; submitted again (it may be "
+                                "paid twice: counted in stat:provider_batch_resubmitted)",
+                                index, version, plan.batch_id)
+                lane.pending.append((cid, _Turn(store, index, version, request, future)))
+                if lane.flusher is None or lane.flusher.done():
+                    lane.flusher = asyncio.create_task(self._flush(lane))
+        started = time.monotonic()
+        try:
+            while not future.done():
+                if time.monotonic() - started > MAX_WAIT_S:
+                    raise BackendTimeout(f"provider batch turn {cid}: no answer after "
+                                         f"{MAX_WAIT_S:g}s")
+                await asyncio.wait({future}, timeout=CANCEL_CHECK_S)
+                if not future.done() and await store.cancelled():
+                    raise BatchCancelled(f"batch {plan.batch_id} was cancelled")
+            return future.result()
+        finally:
+            if self._futures.get(cid) is future:
+                del self._futures[cid]
+            for wanted in self._wanted.values():
+                wanted.discard(cid)
+
+    @staticmethod
+    async def forget(store: BatchStore, index: int, version: int) -> None:
+        """Drop the record of a turn whose next state is committed (or lost to another)."""
+        with contextlib.suppress(Exception):
+            await store.r.hdel(store.k.provider_batches, record_field(index, version))
+
+    # --- provider batches --------------------------------------------------------------------
+
+    async def _flush(self, lane: _Lane) -> None:
+        await asyncio.sleep(WINDOW_S)
+        while lane.pending:
+            chunk, lane.pending = lane.pending[:MAX_ITEMS], lane.pending[MAX_ITEMS:]
+            chunk = [(cid, t) for cid, t in chunk if not t.future.done()]
+            if chunk:
+                await self._submit(lane.client, chunk)
+
+    async def _submit(self, client: ProviderBatchClient, chunk: list[tuple[str, _Turn]]) -> None:
+        """Record the turns as being submitted and count the submission, then submit, then
+        record the provider batch id for each turn: a worker killed at any point leaves a
+        record that says what its re-sent turns must do, and a count that covers it."""
+        per_batch: dict[str, list[_Turn]] = {}
+        for _, turn in chunk:
+            per_batch.setdefault(turn.store.batch_id, []).append(turn)
+        try:
+            await self._record(per_batch, SUBMITTING)
+            for batch_id, turns in per_batch.items():
+                await self.note(batch_id, "provider_batches", 1)
+                await self.note(batch_id, "provider_batch_items", len(turns))
+            state = await client.submit([(cid, t.request) for cid, t in chunk])
+        except Exception as exc:  # every turn of it falls back to the sync API, said so
+            log.warning("a provider batch of %d turns could not be submitted: %s",
+                        len(chunk), exc)
+            for batch_id in per_batch:
+                await self.note(batch_id, "provider_batch_submit_failed", 1)
+            self._resolve({cid: ItemResult(cid, error=ItemError(
+                "server_error", f"the provider batch could not be submitted: {exc}"))
+                for cid, _ in chunk})
+            return
+        try:
+            await self._record(per_batch, state.id)
+        except Exception:  # the turns still get their answers here; a re-send resubmits
+            log.warning("provider batch %s: its turns could not be recorded in Redis",
+                        state.id, exc_info=True)
+        for cid, _ in chunk:
+            self._watch(client, state.id, cid)
+
+    @staticmethod
+    async def _record(per_batch: dict[str, list[_Turn]], value: str) -> None:
+        for turns in per_batch.values():
+            store = turns[0].store
+            pipe = store.r.pipeline(transaction=False)
+            pipe.hset(store.k.provider_batches, mapping={
+                record_field(t.index, t.version): value for t in turns})
+            pipe.pexpire(store.k.provider_batches, RECORD_TTL_MS)
+            await pipe.execute()
+
+    def _watch(self, client: ProviderBatchClient, batch_id: str, cid: str) -> None:
+        self._wanted.setdefault(batch_id, set()).add(cid)
+        if batch_id not in self._watchers or self._watchers[batch_id].done():
+            task = asyncio.create_task(self._poll(client, batch_id))
+            self._watchers[batch_id] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _poll(self, client: ProviderBatchClient, batch_id: str) -> None:
+        """Poll one provider batch until it ends, then hand each waiting turn its result
+        (again for turns that came to wait on it meanwhile), until nobody here waits."""
+        delay = POLL_S
+        try:
+            while wanted := sorted(self._wanted.get(batch_id, ())):
+                state = None
+                with contextlib.suppress(BackendError):
+                    state = await client.state(batch_id)
+                if state is None or not state.ended:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 1.5, MAX_POLL_S)
+                    continue
+                try:
+                    found = await client.results(batch_id, wanted)
+                except Exception as exc:
+                    found = {cid: ItemResult(cid, error=ItemError(
+                        "server_error", f"provider batch {batch_id} ({state.status}): {exc}"))
+                        for cid in wanted}
+                failed = sum(not item.ok for item in found.values())
+                if failed:
+                    log.warning("provider batch %s ended %s with %d of %d turns unanswered",
+                                batch_id, state.status, failed, len(found))
+                self._resolve(found)
+                self._wanted.get(batch_id, set()).difference_update(wanted)
+        finally:
+            self._wanted.pop(batch_id, None)
+            self._watchers.pop(batch_id, None)
+
+    def _resolve(self, items: dict[str, ItemResult]) -> None:
+        for cid, item in items.items():
+            future = self._futures.get(cid)
+            if future is not None and not future.done():
+                future.set_result(item)
+
+
+def item_error(item: ItemResult) -> BackendError:
+    """The error a turn whose provider batch item failed ends with (when no sync fallback)."""
+    error = item.error or ItemError("missing", "no result")
+    kind = BadRequest if error.kind == "bad_request" else ServerError
+    return kind(f"provider batch turn {error.kind}: {error.message}")
