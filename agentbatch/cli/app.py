@@ -225,17 +225,26 @@ def worker(
 @app.command()
 def status(batch_id: str,
            redis_url: str = typer.Option(None, envvar="AGENTBATCH_REDIS_URL")) -> None:
-    """Show a distributed batch's progress from any machine."""
+    """Show a distributed batch's progress from any machine; with ``prices``, its spend so
+    far and the projected cost to complete."""
     from agentbatch import get_batch
     from agentbatch.core.errors import AgentBatchError
+    from agentbatch.turnloop.progress_display import cost_line
 
     try:
-        counts = get_batch(batch_id, redis_url=redis_url).status()
+        handle = get_batch(batch_id, redis_url=redis_url)
+        try:
+            counts = handle.status()
+            cost = cost_line(handle.progress())  # None without prices: nothing about cost
+        finally:
+            handle.close()
     except AgentBatchError as exc:
         raise _fail(str(exc)) from None
     state = "finished" if counts.get("finished") else "running"
     console.print(f"batch {batch_id}: {state}", highlight=False, markup=False, soft_wrap=True)
     console.print(_status_table(counts))
+    if cost is not None:
+        console.print(cost, highlight=False, markup=False, soft_wrap=True)
 
 
 def _status_table(counts: dict[str, int]) -> Table:

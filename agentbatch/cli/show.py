@@ -74,7 +74,8 @@ def show(batch_id: str = typer.Argument(..., metavar="BATCH_ID"),
     """Print one agent's conversation: roles, tool calls with their arguments, tool outputs.
 
     A running agent's so far; an ended one's when it was kept (keep_transcript=True, or it
-    failed), until the batch's retention runs out."""
+    failed), until the batch's retention runs out. With ``prices``, its spend so far."""
+    from agentbatch.core.pricing import plan_cost
     from agentbatch.distributed.state.keys import BatchKeys
     from agentbatch.distributed.state.transcripts import stored_agent
 
@@ -97,8 +98,10 @@ def show(batch_id: str = typer.Argument(..., metavar="BATCH_ID"),
     console = Console(highlight=False, soft_wrap=True)
     status = state.status.value + (f" ({state.error.kind}: {state.error.message})"
                                    if state.error else "")
+    cost = plan_cost(state.usage, plan.prices, plan.model, state.batch_usage)
+    spent = "" if cost is None else f" · ${cost:,.4f} spent"  # nothing without prices
     console.print(Text(visible(f"batch {batch_id} · agent {index} · {status} · "
-                               f"{state.turns} turns"), style="bold"))
+                               f"{state.turns} turns{spent}"), style="bold"))
     _block(console, "system (shared by every agent)", plan.system_message, limit)
     for message in state.messages:
         _message(console, message, limit)

@@ -3,7 +3,9 @@ reaches its Redis, until it finishes.
 
 On a terminal it redraws the view every ``--interval``. When stdout is not a terminal (a
 log, a pipe) it prints a plain line each time the finished count changes, at most once per
-``--interval``, then the final counts. Exit status: 0 once the batch has finished, 2 for an
+``--interval``, then the final counts. A batch with ``prices`` also shows its spend so far and
+the projected cost to complete (``progress_display.cost_line``); one without shows nothing
+about cost. Exit status: 0 once the batch has finished, 2 for an
 unknown or expired batch, 1 when Redis fails or ``--timeout`` passes, 130 on Ctrl-C.
 """
 
@@ -81,12 +83,15 @@ def _live(handle: BatchHandle, console: Console, interval: float, deadline: floa
 
 def _plain(handle: BatchHandle, interval: float, deadline: float | None
            ) -> BatchProgress | None:
+    from agentbatch.turnloop.progress_display import cost_line
+
     snap = handle.progress()
     shown = -1
     while not snap.finished:
         if snap.completed != shown:
             shown = snap.completed
-            print(snap.summary(), flush=True)
+            cost = cost_line(snap)
+            print(snap.summary() + (f"; {cost}" if cost else ""), flush=True)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(interval)
@@ -96,6 +101,8 @@ def _plain(handle: BatchHandle, interval: float, deadline: float | None
 
 def _final(p: BatchProgress) -> str:
     """The final counts: what a script reading the output greps for."""
+    from agentbatch.turnloop.progress_display import cost_line
+
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(p.failed_by_kind.items()))
     lines = [f"batch {p.batch_id} finished [{p.engine}]: {p.done} done, {p.failed} failed"
              + (f" ({kinds})" if kinds else "") + f", total {p.total}, "
@@ -105,4 +112,6 @@ def _final(p: BatchProgress) -> str:
         lines.append(f"tokens: {p.tokens.prompt} prompt, {p.tokens.cached} cached, "
                      f"{p.tokens.completion} completion; cache hit "
                      f"{'-' if hit is None else f'{hit:.0%}'}")
+    if (cost := cost_line(p)) is not None:
+        lines.append(cost)
     return "\n".join(lines)

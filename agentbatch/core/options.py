@@ -102,11 +102,11 @@ class BatchOptions:
         "a cap on the batch's spend at ``prices`` (US dollars, finite, >= 0). Once reached no "
         "new turn starts; turns already sent finish, and every agent that needed another "
         "turn ends ``budget_exceeded``. ``progress()`` warns (``budget_warning``, and a log "
-        "line) once the projection passes it (docs/cost.md). Embedded engine only for now."))
+        "line) once the projection passes it (docs/cost.md). On the distributed engine it "
+        "holds fleet-wide: the spend is kept in Redis, added with each commit."))
     max_agent_cost_usd: float | None = field(default=None, metadata=_doc(
         "a cap on one agent's spend at ``prices`` (US dollars, finite, >= 0): an agent that "
-        "has reached it starts no new turn and ends ``budget_exceeded``. Embedded engine "
-        "only for now."))
+        "has reached it starts no new turn and ends ``budget_exceeded``; on both engines."))
     pricing: Pricing = field(default="sync", metadata=_doc(
         '``"sync"``: every turn through the normal API. ``"batch"``: every turn through the '
         "provider's batch API (half price, minutes of latency; the backend must have one, "

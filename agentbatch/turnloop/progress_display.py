@@ -1,9 +1,10 @@
 """The live progress view of a batch: rich in a terminal, tqdm's notebook bar in Jupyter.
 
 ``run_batch(progress=...)`` and ``agentbatch watch`` both draw ``handle.progress()``
-snapshots (``progress.py``) and nothing else. On by default only where a person looks at it:
-stderr a terminal, or a Jupyter kernel, and no ``CI`` environment variable (CI logs would
-fill with redraws).
+snapshots (``progress.py``) and nothing else; with ``prices`` they show the spend and the
+projected cost to complete (``cost_line``), without them nothing about cost. On by default
+only where a person looks at it: stderr a terminal, or a Jupyter kernel, and no ``CI``
+environment variable (CI logs would fill with redraws).
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ def counts_line(p: BatchProgress) -> str:
             f"{p.awaiting_tools} awaiting tools")
 
 
+def cost_line(p: BatchProgress) -> str | None:
+    """The spend so far and the projected cost to complete; None when the batch has no
+    ``prices`` (then nothing about cost is shown). The projection is unknown ("-") until a
+    reply has been paid for; ``budget_warning`` follows when the projection passes the cap."""
+    if p.cost_usd is None:
+        return None
+    projected = "-" if p.projected_cost_usd is None else f"${p.projected_cost_usd:,.4f}"
+    line = f"cost: ${p.cost_usd:,.4f} spent, {projected} projected to complete"
+    return line + (f"; {p.budget_warning}" if p.budget_warning else "")
+
+
 def render(p: BatchProgress, *, detail: bool = False) -> RenderableType:
     """The view of one snapshot; ``detail`` adds what ``agentbatch watch`` shows."""
     bar = Table.grid(padding=(0, 1))
@@ -88,6 +100,8 @@ def render(p: BatchProgress, *, detail: bool = False) -> RenderableType:
                 Text(f"{p.completed}/{p.total}"))
     head = Text(f"batch {p.batch_id} [{p.engine}]  {_seconds(p.elapsed_s)}  {_rate(p)}")
     parts: list[RenderableType] = [head, bar, Text(counts_line(p))]
+    if (cost := cost_line(p)) is not None:
+        parts.append(Text(cost))
     if detail:
         parts.append(Text(f"{p.queued} queued, {p.recovering} recovering"))
         if p.tokens is not None:
@@ -159,7 +173,9 @@ def _tqdm_updates(handle: BatchHandle, tqdm: Any) -> Iterator[None]:
         p = poller.poll()
         if p is not None:
             bar.n = p.completed
-            bar.set_postfix_str(f"[{p.engine}] {counts_line(p)}; {_rate(p)}", refresh=False)
+            cost = cost_line(p)
+            bar.set_postfix_str(f"[{p.engine}] {counts_line(p)}; {_rate(p)}"
+                                + (f"; {cost}" if cost else ""), refresh=False)
             bar.refresh()
 
     def loop() -> None:
