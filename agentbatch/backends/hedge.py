@@ -237,11 +237,11 @@ def enable_hedging(backend: Backend, hedge_after: float | None) -> None:
     backend.hedger = Hedger(hedge_after)
 
 
-def check_hedge_after(value: Any, backend: Any, *, redis_url: str | None,
-                      pricing: str) -> None:
+def check_hedge_after(value: Any, backend: Any, *, pricing: str) -> None:
     """``hedge_after`` at submit: a finite number > 1, and only where it can apply (a pool of
-    >= 2 endpoints, hostfiles expanded, on the embedded engine, with sync turns to hedge).
-    Raises ``BatchSpecError`` naming it."""
+    >= 2 endpoints, hostfiles expanded, with sync turns to hedge), on either engine (a worker
+    hedges the turns it runs: ``distributed/workers/hedging.py``). Raises ``BatchSpecError``
+    naming it."""
     if value is None:
         return
     from agentbatch.backends.setup import expand_backend_urls
@@ -261,7 +261,3 @@ def check_hedge_after(value: Any, backend: Any, *, redis_url: str | None,
         raise BatchSpecError('hedge_after cannot apply with pricing="batch": no turn goes to '
                              "the pool's sync API (provider batch turns are hedged by "
                              'pricing="auto")')
-    if redis_url:
-        raise BatchSpecError("hedge_after: embedded-only for now; the distributed engine "
-                             "(redis_url=...) does not hedge turns yet, so it is refused "
-                             "rather than ignored")

@@ -126,8 +126,10 @@ class BatchOptions:
         "again to another endpoint; the first answer is used, the other request cancelled, "
         "and the turn applied once. The p95 is the typical endpoint's (the median over "
         "endpoints of each one's p95 over its last 200 answers), known once an endpoint has "
-        "answered 20 turns; counters in ``handle.stats()['pool']['hedge']`` "
-        "(docs/backends.md). Embedded engine only for now."))
+        "answered 20 turns. Counters: embedded, ``handle.stats()['pool']['hedge']``; "
+        "distributed, each worker hedges the turns it runs (its own p95s), counted on the "
+        "batch as ``stat:hedges``, ``stat:hedge_wins``... in ``handle.status()`` "
+        "(docs/backends.md)."))
     keep_transcript: bool = field(default=False, metadata=_doc(
         "put each agent's whole conversation (messages, tool calls, tool outputs) on "
         "``AgentResult.messages``; the distributed engine keeps it in Redis for the batch's "

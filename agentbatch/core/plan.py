@@ -66,6 +66,8 @@ class BatchPlan(BaseModel):
     # by the commit script (``lua/commit.lua``) and the agent's own usage
     max_cost_usd: float | None = _default("max_cost_usd")
     max_agent_cost_usd: float | None = _default("max_agent_cost_usd")
+    # each worker hedges the turns it runs on the pool (``workers/hedging.py``)
+    hedge_after: float | None = _default("hedge_after")
     # "batch": the workers send each model turn through the provider's batch API
     # (distributed/provider_batches.py); "auto" is refused on the distributed engine
     pricing: Pricing = _default("pricing")

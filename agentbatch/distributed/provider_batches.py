@@ -104,6 +104,8 @@ class ProviderBatches:
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}  # provider batch id -> poller
         self._wanted: dict[str, set[str]] = {}  # provider batch id -> custom ids waited on
+        # provider batch id -> the agentbatch batches whose turns it holds (id -> store)
+        self._owners: dict[str, dict[str, BatchStore]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
@@ -143,7 +145,7 @@ class ProviderBatches:
                 log.info("agent %s v%s of batch %s: its turn is in provider batch %s "
                          "already (submitted by a worker that stopped); waiting on it",
                          index, version, plan.batch_id, found)
-                self._watch(lane.client, found, cid)
+                self._watch(lane.client, found, cid, store)
             else:
                 if found == SUBMITTING:
                     await self.note(plan.batch_id, "provider_batch_resubmitted", 1)
@@ -213,8 +215,8 @@ class ProviderBatches:
         except Exception:  # the turns still get their answers here; a re-send resubmits
             log.warning("provider batch %s: its turns could not be recorded in Redis",
                         state.id, exc_info=True)
-        for cid, _ in chunk:
-            self._watch(client, state.id, cid)
+        for cid, turn in chunk:
+            self._watch(client, state.id, cid, turn.store)
 
     @staticmethod
     async def _record(per_batch: dict[str, list[_Turn]], value: str) -> None:
@@ -226,8 +228,10 @@ class ProviderBatches:
             pipe.pexpire(store.k.provider_batches, RECORD_TTL_MS)
             await pipe.execute()
 
-    def _watch(self, client: ProviderBatchClient, batch_id: str, cid: str) -> None:
+    def _watch(self, client: ProviderBatchClient, batch_id: str, cid: str,
+               owner: BatchStore) -> None:
         self._wanted.setdefault(batch_id, set()).add(cid)
+        self._owners.setdefault(batch_id, {})[owner.batch_id] = owner
         if batch_id not in self._watchers or self._watchers[batch_id].done():
             task = asyncio.create_task(self._poll(client, batch_id))
             self._watchers[batch_id] = task
@@ -236,10 +240,19 @@ class ProviderBatches:
 
     async def _poll(self, client: ProviderBatchClient, batch_id: str) -> None:
         """Poll one provider batch until it ends, then hand each waiting turn its result
-        (again for turns that came to wait on it meanwhile), until nobody here waits."""
+        (again for turns that came to wait on it meanwhile), until nobody here waits. One
+        that nobody waits on any more before it ends is cancelled at the provider when every
+        agentbatch batch it holds turns of was cancelled (not when a worker is stopping: the
+        turns it leaves are re-sent, and wait on it again elsewhere)."""
         delay = POLL_S
+        ended = False
         try:
-            while wanted := sorted(self._wanted.get(batch_id, ())):
+            while True:
+                wanted = sorted(self._wanted.get(batch_id, ()))
+                if not wanted:
+                    if not ended and await self._all_cancelled(batch_id):
+                        await self._cancel(client, batch_id)
+                    return
                 state = None
                 with contextlib.suppress(BackendError):
                     state = await client.state(batch_id)
@@ -247,6 +260,7 @@ class ProviderBatches:
                     await asyncio.sleep(delay)
                     delay = min(delay * 1.5, MAX_POLL_S)
                     continue
+                ended = True
                 try:
                     found = await client.results(batch_id, wanted)
                 except Exception as exc:
@@ -261,7 +275,24 @@ class ProviderBatches:
                 self._wanted.get(batch_id, set()).difference_update(wanted)
         finally:
             self._wanted.pop(batch_id, None)
+            self._owners.pop(batch_id, None)
             self._watchers.pop(batch_id, None)
+
+    async def _all_cancelled(self, batch_id: str) -> bool:
+        try:
+            return all([await store.cancelled()
+                        for store in self._owners.get(batch_id, {}).values()])
+        except Exception:  # Redis unreachable: leave the provider batch be
+            return False
+
+    async def _cancel(self, client: ProviderBatchClient, batch_id: str) -> None:
+        log.info("cancelling provider batch %s: its batches were cancelled", batch_id)
+        for owner in self._owners.get(batch_id, {}):
+            await self.note(owner, "provider_batches_cancelled", 1)
+        try:
+            await asyncio.wait_for(client.cancel(batch_id), timeout=60)
+        except Exception as exc:
+            log.warning("provider batch %s could not be cancelled: %s", batch_id, exc)
 
     def _resolve(self, items: dict[str, ItemResult]) -> None:
         for cid, item in items.items():

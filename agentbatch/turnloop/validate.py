@@ -238,8 +238,7 @@ def check_options(opts: BatchOptions) -> None:
     _check_checkpoint(opts)
     check_metrics_port(opts.metrics_port, opts.redis_url)
     _check_cost(opts)
-    check_hedge_after(opts.hedge_after, opts.backend, redis_url=opts.redis_url,
-                      pricing=opts.pricing)
+    check_hedge_after(opts.hedge_after, opts.backend, pricing=opts.pricing)
 
 
 PRICINGS = typing.get_args(Pricing)

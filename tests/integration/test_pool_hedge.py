@@ -154,12 +154,6 @@ def test_hedge_after_needs_a_pool_of_two_or_more(tmp_path: Path) -> None:
         run_batch("t {x}", [{"x": 1}], model="m", backend=[f"@{hostfile}"], hedge_after=2)
 
 
-def test_hedge_after_is_embedded_only_for_now() -> None:
-    with pytest.raises(BatchSpecError, match=r"hedge_after: embedded-only for now"):
-        submit_batch("t {x}", [{"x": 1}], model="m", backend=POOL, hedge_after=2,
-                     redis_url=f"redis://127.0.0.1:{free_port()}/0")
-
-
 def test_hedge_after_has_no_sync_turns_to_hedge_with_pricing_batch() -> None:
     with pytest.raises(BatchSpecError, match=r'hedge_after cannot apply with pricing="batch"'):
         run_batch("t {x}", [{"x": 1}], model="m", backend=POOL, hedge_after=2,

@@ -64,7 +64,9 @@ def test_every_plan_option_is_declared_with_the_same_default_and_round_trips():
               "prices": {"m": {"prompt": 1.0, "completion": 2.0, "batch_prompt": 0.5,
                                "batch_completion": 1.0}}, "keep_transcript": True,
               "max_cost_usd": 2.5, "max_agent_cost_usd": 0.5, "pricing": "batch"}
-    assert set(chosen) == set(carried)
+    # hedge_after: refused with pricing="batch" (no sync turn to hedge), round-tripped in
+    # test_hedge_after_is_declared_and_carried_by_the_plan
+    assert set(chosen) | {"hedge_after"} == set(carried)
     # json tool calling needs the schema sent: each value differs from its default in one
     # (and batch prompting tool turns needs json mode)
     json_mode = {"native_json_schema": True, "tool_calling": "json", "batch_prompting": True}
@@ -152,11 +154,14 @@ _copyable = Tool("lookup", _plain, cacheable=True, rate_limit=3.0, timeout=2.0, 
                  description="find")
 
 
-def test_hedge_after_is_declared_and_not_carried_by_the_plan():
-    # embedded-only for now: the distributed engine refuses it at submit, so no worker
-    # needs it in the plan; the embedded engine reads it from the options
+def test_hedge_after_is_declared_and_carried_by_the_plan():
+    # a worker turns hedging on for the pool it opens (distributed/workers/hedging.py)
     assert _declared()["hedge_after"] is None
-    assert "hedge_after" not in carried_options()
+    assert "hedge_after" in carried_options()
+    opts = BatchOptions(task="say {x}", inputs=[{"x": 1}], model="m",
+                        backend=[SIM, "sim://127.0.0.1:8001"], hedge_after=2.5)
+    plan = compile_batch(opts).plan
+    assert BatchPlan.model_validate_json(plan.model_dump_json()).hedge_after == 2.5
     with pytest.raises(BatchSpecError, match="hedge_after must be a finite number > 1"):
         run_batch("t {x}", [{"x": 1}], model="m", backend=[SIM, "sim://127.0.0.1:8001"],
                   hedge_after=1)

@@ -34,6 +34,7 @@ from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.semaphore import RedisSemaphore
 from agentbatch.distributed.tool_coalesce import RedisCoalescer, RedisResultCache
 from agentbatch.distributed.tool_rate import redis_buckets
+from agentbatch.distributed.workers.hedging import BatchTagged, enable_batch_hedging
 from agentbatch.distributed.workers.settings import WorkerSettings
 from agentbatch.metrics import EventCounter
 from agentbatch.toolpool import ToolPool
@@ -72,7 +73,9 @@ class WorkerContext:
         # pricing="batch": this process's turns gathered into provider batches
         self.provider_batches = ProviderBatches(self.note)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
-        self._backends: dict[tuple[str, ...], Backend] = {}
+        # one per pool of URLs and ``hedge_after``: a hedging pool is not shared with
+        # batches that do not hedge (``hedging.py``)
+        self._backends: dict[tuple[tuple[str, ...], float | None], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}
         self._gates: dict[tuple[tuple[str, ...], int], BackpressureGate] = {}
         self._unreadable_logged: dict[str, float] = {}  # batch id -> when last logged
@@ -173,6 +176,8 @@ class WorkerContext:
         except Exception as exc:
             return self._broken(plan, store, f"the backend cannot be opened on this worker: "
                                 f"{type(exc).__name__}: {exc}", "backend_unavailable")
+        if plan.hedge_after is not None:  # whose turn each race is, for its counters
+            backend = BatchTagged(backend, plan.batch_id)
         rt = BatchRuntime(plan=plan, contract=contract, tools=pool, backend=backend)
         return LoadedBatch(plan=plan, store=store, policy=rt.policy, runtime=rt)
 
@@ -185,12 +190,14 @@ class WorkerContext:
                            error_kind=kind)
 
     def _backend(self, plan: BatchPlan) -> Backend:
-        key = tuple(plan.backends)
+        key = (tuple(plan.backends), plan.hedge_after)
         backend = self._backends.get(key)
         if backend is None:
             # trust_key_env=False: the plan may not pick which of our variables is a key.
             backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                    batch_prompting=plan.batch_prompting, trust_key_env=False)
+            if plan.hedge_after is not None:  # as the embedded handle does, once it is open
+                enable_batch_hedging(backend, plan.hedge_after, self.note)
             backend.listeners.append(lambda error: self._on_retry(plan, backend, error))
             self._backends[key] = backend
         return backend

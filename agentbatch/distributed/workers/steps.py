@@ -287,10 +287,16 @@ async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: Agen
     sem = ctx.semaphore(loaded.plan, rt.backend)
     store = loaded.store
     served: list[bool] = []
+    cancelled: list[bool] = []
 
     async def complete(request: ModelRequest) -> ModelResponse:
-        item = await ctx.provider_batches.complete(loaded.plan, rt.backend, store, state.index,
-                                                   state.version, request)
+        try:
+            item = await ctx.provider_batches.complete(loaded.plan, rt.backend, store,
+                                                       state.index, state.version, request)
+        except BatchCancelled:
+            served.append(False)
+            cancelled.append(True)  # call_model would report it as an internal failure
+            raise
         if item.response is not None:
             served.append(True)
             return item.response
@@ -313,6 +319,8 @@ async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: Agen
     except ServerBusy as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
     except BatchCancelled:
+        return Cancelled()
+    if cancelled:
         return Cancelled()
     if isinstance(event, ModelReplied) and served and served[-1]:
         event = dataclasses.replace(event, batch=True)
