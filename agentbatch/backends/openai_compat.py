@@ -57,6 +57,8 @@ _SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 
 def _header_safe(value: str) -> str:
     """Header values must be single-line ASCII; ids are ours, so drop anything else."""
+    if value.isascii() and value.isprintable():  # every id we make: nothing to drop
+        return value  # (printable ASCII is exactly 32..126)
     return "".join(ch for ch in value if 32 <= ord(ch) < 127)
 
 

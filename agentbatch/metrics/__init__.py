@@ -60,6 +60,9 @@ class Metrics:
 
 _lock = threading.Lock()
 _metrics: Metrics | None = None
+# (metric, label values) -> its child. ``labels()`` sorts, validates and locks on every call,
+# about as much CPU as the rest of a turn's bookkeeping: the hot paths look children up here.
+_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
 def created() -> bool:
@@ -116,6 +119,15 @@ def _declare() -> Metrics:
     )
 
 
+def _child(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, made once per process (the same object prometheus keeps)."""
+    key = (metric, values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
 # --- recording: one call at each place where it happens -----------------------------------
 
 
@@ -123,36 +135,36 @@ def _declare() -> Metrics:
 def model_call(backend: str) -> Iterator[None]:
     """Around one model call: in flight while it runs, its latency, and a failure's kind."""
     m = metrics()
-    inflight = m.model_inflight.labels(backend=backend)
+    inflight = _child(m.model_inflight, backend)
     inflight.inc()
     start = time.monotonic()
     try:
         yield
     except Exception as exc:
         kind = str(getattr(exc, "kind", "internal"))
-        m.turns.labels(outcome="failed", error_kind=kind).inc()
+        _child(m.turns, "failed", kind).inc()
         raise
     finally:
         inflight.dec()
-        m.model_latency.labels(backend=backend).observe(time.monotonic() - start)
+        _child(m.model_latency, backend).observe(time.monotonic() - start)
 
 
 def record_reply(backend: str, response: ModelResponse) -> None:
     """A model call that replied: one turn, its tokens and its time to first token."""
     m = metrics()
-    m.turns.labels(outcome="replied", error_kind="").inc()
+    _child(m.turns, "replied", "").inc()
     usage = response.usage
     for kind, n in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
                     ("completion", usage.completion_tokens)):
-        m.tokens.labels(kind=kind).inc(max(n, 0))
+        _child(m.tokens, kind).inc(max(n, 0))
     if response.ttft_s is not None:
-        m.model_ttft.labels(backend=backend).observe(response.ttft_s)
+        _child(m.model_ttft, backend).observe(response.ttft_s)
 
 
 def record_agent_end(state: AgentState) -> None:
     """An agent reached a terminal state (counted by the engine that committed it)."""
     kind = state.error.kind if state.error is not None else ""
-    metrics().agents_finished.labels(status=state.status.value, error_kind=kind).inc()
+    _child(metrics().agents_finished, state.status.value, kind).inc()
 
 
 def record_tool(tool: str, counter: str, n: int = 1) -> None:
@@ -160,10 +172,10 @@ def record_tool(tool: str, counter: str, n: int = 1) -> None:
     m = metrics()
     if counter == "calls":  # a tool's every counter exists from its first call (at 0)
         for other, labels in _TOOL_COUNTERS.values():
-            getattr(m, other).labels(tool=tool, **labels)
+            _child(getattr(m, other), tool, *labels.values())
     name, extra = _TOOL_COUNTERS.get(counter, (None, {}))
     if name is not None:
-        getattr(m, name).labels(tool=tool, **extra).inc(n)
+        _child(getattr(m, name), tool, *extra.values()).inc(n)
 
 
 class EventCounter(_Counter[str]):
