@@ -526,6 +526,32 @@ def render_cost(data: dict[str, Any]) -> str:
         render(data)
 
 
+def render_hedge(data: dict[str, Any]) -> str:
+    """bench_hedge.py: one slow endpoint in a pool of three, with and without hedge_after."""
+    st = data["settings"]
+    base, hedged = data["unhedged"], data["hedged"]
+    ratios = data["ratios_hedged_over_unhedged"]
+    head = (f"### Hedged stragglers on a pool (`hedge_after={st['hedge_after']:g}`, times the "
+            "running p95 turn latency)\n\n"
+            f"{st['agents']} agents x {st['turns_per_agent']} turns; pool: {st['pool']}, "
+            f"{st['fast_ms']:g} ms / {st['slow_ms']:g} ms per request. Medians of "
+            f"{st['repeats']} alternating runs each; ratios hedged / unhedged.")
+    keys = [("wall s", "wall_s"), ("agent latency p50 s", "agent_latency_p50_s"),
+            ("agent latency p99 s", "agent_latency_p99_s"),
+            ("server tokens", "server_tokens"), ("chat requests", "chat_requests")]
+    tbl = table(["", "unhedged", "hedged", "hedged / unhedged"],
+                [[label, base.get(k), hedged.get(k), ratios.get(k)] for label, k in keys])
+    counters = [r.get("hedge") or {} for r in data.get("runs", {}).get("hedged", [])]
+    total = {k: sum(int(c.get(k) or 0) for c in counters)
+             for k in ("hedges", "hedge_wins", "original_wins", "both_failed")}
+    line = (f"Extra server tokens (hedged median - unhedged median): "
+            f"{data.get('extra_server_tokens')}. "
+            f"Over the hedged runs: {total['hedges']} hedges, {total['hedge_wins']} won by the "
+            f"hedge, {total['original_wins']} by the original, {total['both_failed']} both "
+            "failed.")
+    return "\n".join([head, "", tbl, "", line, "", _machine_line(data)])
+
+
 RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
@@ -533,7 +559,8 @@ RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "engine": render_engine, "engine_costs": render_engine_costs,
              "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
-             "profile_fleet": render_profile_fleet, "cost": render_cost}
+             "profile_fleet": render_profile_fleet, "cost": render_cost,
+             "hedge": render_hedge}
 
 
 def render_file(data: dict[str, Any]) -> str:

@@ -89,10 +89,13 @@ class AnthropicBackend(Backend):
     def requests_sent(self) -> int:
         return self._session.requests_sent
 
-    def build_body(self, request: ModelRequest) -> dict[str, Any]:
-        """The JSON body for one Messages call (public so tests and tools can inspect it)."""
+    def build_body(self, request: ModelRequest, *,
+                   cache_ttl: str | None = None) -> dict[str, Any]:
+        """The JSON body for one Messages call (public so tests and tools can inspect it);
+        ``cache_ttl="1h"`` for the 1-hour prompt cache (provider batch turns)."""
         model = request.model or self.target.model or ""
-        return build_body(request, model=model, default_max_tokens=self.default_max_tokens)
+        return build_body(request, model=model, default_max_tokens=self.default_max_tokens,
+                          cache_ttl=cache_ttl)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One model turn. Raises ``BackendError`` subclasses, never httpx exceptions."""

@@ -325,6 +325,7 @@ async def create_message_batch(request: web.Request) -> web.Response:
             return _err(400, f"requests.{n}: custom_id {cid!r} is repeated")
         pairs.append((cid, chat_body(params)))
     job = make_job(api.config, "anthropic", pairs, "msgbatch_")
+    job.meta = {"requests": reqs}  # as sent (cache_control included), for tests to read
     api.jobs[job.id] = job
     return web.json_response(_anthropic_batch(request, job))
 

@@ -1,20 +1,36 @@
 """Turns through a provider's batch API (``pricing="batch"`` / ``"auto"``), embedded engine.
 
-Turns ready within ``WINDOW_S`` of each other go out as one provider batch; a watcher polls
-it and hands each turn its result, matched by ``custom_id``. The caller (``call_model``)
-then commits the reply exactly as a sync one, through the state machine's ``step``.
+Turns ready within ``WINDOW_S`` of each other go out as provider batches of at most
+``MAX_ITEMS`` turns each; a watcher polls each one and hands each turn its result, matched
+by ``custom_id``. The caller (``call_model``) then commits the reply exactly as a sync one,
+through the state machine's ``step``.
+
+Why small provider batches: a provider batch answers only when it has ended, i.e. when its
+slowest request is done (OpenAI's output file, Anthropic's ``results_url``; the simulator
+models each request's latency as log-normal and the batch as their maximum). One provider
+batch for every ready turn made all agents move in lock-step, each round waiting for the
+slowest of ~1,000 requests (about 5x the median). With a few turns per provider batch, a
+slow request holds only its own batch, and agents move on independently. This assumes the
+provider finishes a small batch sooner than a big one, as the simulator does; a provider
+whose batch latency is all queueing would gain nothing from it (and lose nothing but polls).
 
 ``"auto"`` (``route``): a turn goes to the batch API while the agent's projected finish --
-this turn at the batch latency estimate, its remaining turns at the sync one -- stays inside
-the deadline; else to the sync API. The batch latency estimate is the observed p90, or the
-age of the oldest provider batch still open when that is longer (a lower bound before any
-batch has ended). At the batch's tail (at most ``TAIL_SHARE`` of its agents still running)
-an agent's last estimated turn goes to the sync API: nobody waits a batch round for it.
+this turn at the median batch latency, its remaining turns at the sync latency -- stays
+inside the deadline; else to the sync API. The median, not a high quantile: a batch turn
+that has not answered when its remaining turns would only just fit on the sync API is
+hedged there, so the deadline holds either way, and a batch turn is worth trying while it
+is more likely than not to answer in time. The quantiles count the provider batches still
+open as censored at their age (``Latencies``): the first to end are the fast ones. The sync
+latency is measured, not assumed: the first turn ``"auto"`` routes goes to the sync API (a
+probe; ``PRIOR_SYNC_S`` stands in until it answers). At the batch's tail (at most
+``TAIL_SHARE`` of its agents still running) an agent's last estimated turn goes to the sync
+API: nobody waits a batch round for it.
 
-Hedging (``complete``): a turn still waiting past the observed p90 latency of provider
-batches of a similar size (a batch ends with its slowest request), or past the point where
-its remaining turns would only just fit before the deadline on the sync API, is sent to the
-sync API as well. The first answer is returned, so it is committed once; the loser is
+Hedging (``complete``): with a deadline, a turn still waiting when its remaining turns would
+only just fit before the deadline on the sync API is sent to the sync API as well (earlier
+would pay the sync price for nothing the deadline needs). Without one, a turn is hedged
+past the observed p90 latency of provider batches of a similar size (a batch ends with its
+slowest request). The first answer is returned, so it is committed once; the loser is
 cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch none of
 whose turns is still waited on is cancelled.
 
@@ -30,6 +46,7 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,13 +65,16 @@ log = logging.getLogger(__name__)
 
 Route = Literal["sync", "batch"]
 WINDOW_S = 0.25  # turns ready this close together share one provider batch
-MAX_ITEMS = 10_000  # per provider batch
-POLL_S = 0.25  # first poll of a provider batch; backs off to MAX_POLL_S
-MAX_POLL_S = 5.0
+MAX_ITEMS = 8  # turns per provider batch: a slow request holds only these few
+HTTP_AT_ONCE = 4  # batch API calls in flight (submits, polls): self-clocked by the server
+POLL_S = 0.5  # a provider batch is polled every POLL_SHARE of its age, within these two
+POLL_SHARE = 0.1  # (an answer is seen at most ~10% late, a long batch is not polled often)
+MAX_POLL_S = 30.0
 MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
-PRIOR_SYNC_S = 5.0  # a sync turn's latency before any has been observed
+PRIOR_SYNC_S = 5.0  # a sync turn's latency until the first (the probe) has answered
 SAFETY_S = 2.0  # kept free before the deadline
 MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
+CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
 
@@ -62,8 +82,13 @@ TAIL_SHARE = 0.1
 @dataclass
 class Latencies:
     """Observed seconds, each with the number of turns it was measured over (a provider batch
-    ends with its slowest request, so a big one takes longer than a small one); quantiles by
-    nearest rank."""
+    ends with its slowest request, so a big one takes longer than a small one).
+
+    Quantiles count the batches still open (``running``: their ages, with their sizes) as
+    censored, Kaplan-Meier style: the batches that end first are the fast ones, so the
+    quantile of the ended ones alone is too low (with 125 batches out at once, the p90 of the
+    first three to end hedged every other one). A quantile the ended batches cannot reach yet
+    is None, or with ``bound`` the oldest age seen: a lower bound."""
 
     samples: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
@@ -79,11 +104,22 @@ class Latencies:
         """The samples measured over at least ``at_least`` turns."""
         return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
 
-    def quantile(self, q: float, at_least: float = 0) -> float | None:
-        ordered = sorted(self.of_size(at_least))
-        if not ordered:
+    def quantile(self, q: float, at_least: float = 0,
+                 running: Iterable[tuple[float, int]] = (), *,
+                 bound: bool = False) -> float | None:
+        ended = self.of_size(at_least)
+        ages = [age for age, n in running if n >= at_least]
+        if not ended and not ages:
             return None
-        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+        events = sorted([(t, True) for t in ended] + [(t, False) for t in ages])
+        at_risk, surviving = len(events), 1.0
+        for t, done in events:  # ties: an end before a censoring at the same age
+            if done:
+                surviving *= 1.0 - 1.0 / at_risk
+                if surviving <= 1.0 - q + 1e-12:
+                    return t
+            at_risk -= 1
+        return events[-1][0] if bound else None
 
 
 @dataclass
@@ -121,16 +157,31 @@ class ProviderBatchTurns:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._ids = itertools.count()
+        self._probed = False  # "auto": the first routed turn measures the sync latency
+        self._http = asyncio.Semaphore(HTTP_AT_ONCE)  # many small batches: bounded calls
+        self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
 
     # --- routing ---------------------------------------------------------------------------
 
-    def batch_estimate(self) -> float | None:
-        """Seconds a provider batch takes: observed p90, or the oldest open one's age."""
+    def batch_estimate(self, q: float = 0.9) -> float | None:
+        """Seconds a provider batch takes (window included): the ``q`` quantile of the ended
+        ones, the open ones censored at their age; before it is known, the oldest age seen
+        (a lower bound)."""
+        seen = self._quantile(q, 0, bound=True)
+        return None if seen is None else seen + WINDOW_S
+
+    def _quantile(self, q: float, at_least: float, *, bound: bool = False) -> float | None:
+        """``batch_latency``'s quantile with the open batches censored, reused for
+        ``CACHE_S`` (each waiting turn asks about once a second)."""
         now = time.monotonic()
-        ages = [now - o.submitted for o in self._open.values()]
-        seen = self.batch_latency.quantile(0.9)
-        best = max([*ages, *([seen] if seen is not None else [])], default=None)
-        return None if best is None else best + WINDOW_S
+        key = (q, at_least, bound)
+        hit = self._quantiles.get(key)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        running = [(now - o.submitted, o.size) for o in self._open.values()]
+        value = self.batch_latency.quantile(q, at_least, running, bound=bound)
+        self._quantiles[key] = (now, value)
+        return value
 
     def sync_estimate(self) -> float:
         seen = self.sync_latency.quantile(0.9)
@@ -140,10 +191,14 @@ class ProviderBatchTurns:
         """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
         if self.mode == "batch" or self.deadline is None:
             return "batch"
+        if not self._probed and not self.sync_latency.samples:
+            self._probed = True  # one turn at list price buys the sync latency for routing
+            self.stats["routed_sync_probe"] += 1
+            return "sync"
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
             self.stats["routed_sync_tail"] += 1
             return "sync"
-        batch = self.batch_estimate() or 0.0
+        batch = self.batch_estimate(0.5) or 0.0
         finish = (time.monotonic() + batch + (turns_left - 1) * self.sync_estimate()
                   + SAFETY_S)
         if finish > self.deadline:
@@ -155,14 +210,15 @@ class ProviderBatchTurns:
                   size: int | None) -> float | None:
         """When a waiting batch turn should race the sync API (None: not yet known).
 
-        The p90 is of provider batches at least ``SIMILAR`` times the size of the turn's own
-        (``size``; None while it is not submitted): a batch ends with its slowest request,
-        so the p90 of small batches would hedge a big one still on course, every turn of it
-        at the sync price."""
+        With a deadline: when its remaining turns would only just fit on the sync API.
+        Without one: past the p90 of provider batches at least ``SIMILAR`` times the size of
+        the turn's own (``size``; None while it is not submitted): a batch ends with its
+        slowest request, so the p90 of small batches would hedge a big one still on course,
+        every turn of it at the sync price."""
         times = []
-        if size is not None:
+        if size is not None and self.deadline is None:
             similar = self.batch_latency.of_size(SIMILAR * size)
-            p90 = self.batch_latency.quantile(0.9, SIMILAR * size)
+            p90 = self._quantile(0.9, SIMILAR * size)
             if p90 is not None and len(similar) >= MIN_SAMPLES:
                 times.append(submitted + p90)
         if self.deadline is not None:
@@ -248,30 +304,35 @@ class ProviderBatchTurns:
         while self._pending:
             chunk, self._pending = self._pending[:MAX_ITEMS], self._pending[MAX_ITEMS:]
             chunk = [(cid, req) for cid, req in chunk if cid in self._futures]
-            if not chunk:
-                continue
-            try:
+            if chunk:  # submitted side by side: a round of many small batches goes out at once
+                self._spawn(self._submit(chunk))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _submit(self, chunk: list[tuple[str, ModelRequest]]) -> None:
+        try:
+            async with self._http:
                 state = await self.client.submit(chunk)
-            except Exception as exc:  # every turn of it falls back or fails, said so
-                log.warning("a provider batch of %d turns could not be submitted: %s",
-                            len(chunk), exc)
-                self._resolve({cid: ItemResult(cid, error=ItemError(
-                    "server_error", f"the provider batch could not be submitted: {exc}"))
-                    for cid, _ in chunk})
-                continue
-            opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk}, len(chunk))
-            self.stats["provider_batches"] += 1
-            self._open[state.id] = opened
-            for cid in opened.wanted:
-                self._owner[cid] = opened
-            task = asyncio.create_task(self._watch(opened))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        except Exception as exc:  # every turn of it falls back or fails, said so
+            log.warning("a provider batch of %d turns could not be submitted: %s",
+                        len(chunk), exc)
+            self._resolve({cid: ItemResult(cid, error=ItemError(
+                "server_error", f"the provider batch could not be submitted: {exc}"))
+                for cid, _ in chunk})
+            return
+        opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk}, len(chunk))
+        self.stats["provider_batches"] += 1
+        self._open[state.id] = opened
+        for cid in opened.wanted:
+            self._owner[cid] = opened
+        await self._watch(opened)
 
     async def _watch(self, opened: _Open) -> None:
         give_up = (self.deadline if self.deadline is not None
                    else opened.submitted + MAX_WAIT_S)
-        delay = POLL_S
         try:
             while True:
                 if not opened.wanted:  # every turn answered elsewhere: stop paying for it
@@ -279,7 +340,8 @@ class ProviderBatchTurns:
                     return
                 state = None
                 with contextlib.suppress(BackendError):
-                    state = await self.client.state(opened.id)
+                    async with self._http:
+                        state = await self.client.state(opened.id)
                 if state is not None and state.ended:
                     break
                 if time.monotonic() >= give_up:
@@ -288,10 +350,12 @@ class ProviderBatchTurns:
                         "expired", f"provider batch {opened.id} was still running at the "
                         "deadline")) for cid in list(opened.wanted)})
                     return
-                await asyncio.sleep(min(delay, max(give_up - time.monotonic(), 0.01)))
-                delay = min(delay * 1.5, MAX_POLL_S)
+                now = time.monotonic()
+                delay = min(max(POLL_SHARE * (now - opened.submitted), POLL_S), MAX_POLL_S)
+                await asyncio.sleep(min(delay, max(give_up - now, 0.01)))
             try:
-                found = await self.client.results(opened.id, sorted(opened.wanted))
+                async with self._http:
+                    found = await self.client.results(opened.id, sorted(opened.wanted))
             except Exception as exc:
                 found = {cid: ItemResult(cid, error=ItemError(
                     "server_error", f"provider batch {opened.id} ({state.status}): {exc}"))

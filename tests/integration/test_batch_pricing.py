@@ -97,7 +97,9 @@ def test_auto_with_a_generous_deadline_uses_the_batch_api(fast_batches) -> None:
     assert stats["served_batch"] >= N  # at least the first turn of each agent
     assert sum(r.cost_usd for r in results) < sum(cost_usd(r.usage, PRICES[MODEL])
                                                   for r in results)
-    assert _chat_requests(fast_batches) == stats.get("served_sync", 0) + \
+    routed = sum(stats.get(f"routed_sync_{why}", 0) for why in ("probe", "tail", "deadline"))
+    assert stats.get("routed_sync_probe") == 1  # the first turn measured the sync latency
+    assert _chat_requests(fast_batches) == routed + stats.get("served_sync", 0) + \
         stats.get("hedged", 0) - stats.get("hedge_won_by_sync", 0)
 
 
@@ -109,7 +111,9 @@ def test_auto_moves_turns_the_batch_latency_would_make_miss_the_deadline_to_sync
     # no provider batch can answer inside the deadline (600 s each): every turn was served
     # by the sync API, each agent finished ok, none paid a batch price
     assert all(r.latency_s is not None for r in results)
-    assert stats.get("served_batch", 0) == 0 and stats["served_sync"] == 2 * N
+    # (routed there at once, or sent to a provider batch first and hedged at the deadline)
+    routed = sum(stats.get(f"routed_sync_{why}", 0) for why in ("probe", "tail", "deadline"))
+    assert stats.get("served_batch", 0) == 0 and stats.get("served_sync", 0) + routed == 2 * N
     assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
     assert _chat_requests(slow_batches) == 2 * N
     # the provider batches it opened were cancelled once their turns had a sync answer

@@ -209,6 +209,33 @@ def test_the_openai_input_file_holds_one_jsonl_line_per_request_with_its_custom_
     _run("openai", SimConfig(fixed_ms=1), body)
 
 
+def test_anthropic_batch_turns_mark_the_shared_prefix_for_the_1_hour_cache() -> None:
+    # a batch round is minutes to hours long: the default 5-minute cache would be gone by an
+    # agent's next turn; the sync API keeps the default
+    def request(i: int) -> ModelRequest:
+        return ModelRequest(model=MODEL, tools=[LOOKUP], max_tokens=64, messages=[
+            {"role": "system", "content": "You look records up."},
+            {"role": "user", "content": f"Agent {i}."}])
+
+    async def body(client: ProviderBatchClient, backend: Backend, sim: SimServer) -> None:
+        await client.submit([("a", request(1)), ("b", request(2))])
+        api = sim._runner.app[BATCH_API]  # type: ignore[union-attr]
+        ((job),) = api.jobs.values()
+        sent = {r["custom_id"]: r["params"] for r in job.meta["requests"]}
+        one_hour = {"type": "ephemeral", "ttl": "1h"}
+        for params in sent.values():
+            assert params["system"][-1]["cache_control"] == one_hour
+            assert params["tools"][-1]["cache_control"] == one_hour
+            marked = [b for b in [*params["system"], *params["tools"]] if "cache_control" in b]
+            assert len(marked) == 2  # the shared prefix only, no per-agent breakpoint
+            assert all("cache_control" not in str(m) for m in params["messages"])
+        assert isinstance(backend, AnthropicBackend)
+        sync = backend.build_body(request(1))
+        assert sync["system"][-1]["cache_control"] == {"type": "ephemeral"}
+
+    _run("anthropic", SimConfig(fixed_ms=1), body)
+
+
 def test_the_batch_flags_reach_the_config_and_bad_values_are_refused() -> None:
     from agentbatch.sim.__main__ import config_from_args
     from agentbatch.sim.config import config_to_argv

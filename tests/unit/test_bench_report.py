@@ -237,3 +237,14 @@ def test_engine_costs_predict_walls_from_token_counts():
     assert "| decoded, 4 requests at once | 20.00 |" in text
     assert "| tools_40 | embedded | 1200 | 500 | 40.0 | 22.0 | 0.80 |" in text
     assert "commit abcdef01" in text
+
+
+def test_hedge_renders_medians_ratios_and_the_hedge_counters():
+    data = json.loads((RESULTS_DIR / "hedge.json").read_text())
+    text = render_file(data)
+    assert "no renderer" not in text and "hedge_after=" in text
+    ratios = data["ratios_hedged_over_unhedged"]
+    p99 = next(line for line in text.splitlines() if line.startswith("| agent latency p99"))
+    assert p99.split("|")[4].strip() == f"{ratios['agent_latency_p99_s']:.2f}"
+    hedges = sum(r["hedge"]["hedges"] for r in data["runs"]["hedged"])
+    assert f"{hedges} hedges" in text

@@ -1,5 +1,10 @@
 """Anthropic's Message Batches: ``POST /v1/messages/batches`` with ``{custom_id, params}``
-requests, poll it, read the JSONL at its ``results_url`` and match lines by ``custom_id``."""
+requests, poll it, read the JSONL at its ``results_url`` and match lines by ``custom_id``.
+
+Each request's shared prefix (tools, system prompt) is marked for the 1-hour prompt cache
+(``cache_control: {"type": "ephemeral", "ttl": "1h"}``): a batch's requests run over minutes
+to hours, and an agent's next turn comes a batch round later, so the default 5-minute cache
+would have expired by then; Anthropic's batch docs recommend the 1-hour one for batches."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from agentbatch.core.errors import ServerError
 from agentbatch.core.model_io import ModelRequest
 
 PATH = "/v1/messages/batches"
+CACHE_TTL = "1h"  # the prompt cache's lifetime for batch turns (see above)
 _RESULT_KINDS: dict[str, ItemErrorKind] = {"expired": "expired", "canceled": "cancelled"}
 _ERROR_KINDS: dict[str, ItemErrorKind] = {
     "invalid_request_error": "bad_request", "authentication_error": "bad_request",
@@ -52,7 +58,8 @@ class AnthropicBatchClient(ProviderBatchClient):
         return await answers(self.session, f"{PATH}?limit=1", PROBE_TIMEOUT_S)
 
     async def _submit(self, requests: Sequence[tuple[str, ModelRequest]]) -> BatchState:
-        body = {"requests": [{"custom_id": cid, "params": self.backend.build_body(req)}
+        body = {"requests": [{"custom_id": cid,
+                              "params": self.backend.build_body(req, cache_ttl=CACHE_TTL)}
                              for cid, req in requests]}
         return self._state((await call(self.session, "POST", PATH, timeout=self.timeout,
                                        json=body)).json())
