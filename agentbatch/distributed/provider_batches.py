@@ -44,6 +44,7 @@ from agentbatch.backends.setup import endpoints
 from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
+    BackendUnavailable,
     BadRequest,
     BatchCancelled,
     ServerError,
@@ -109,18 +110,21 @@ class ProviderBatches:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
-        """The backend's batch client, found once per process (``BadRequest`` without one)."""
+        """The backend's batch client, found once per process. Not found (the submitter
+        found it, so the server is down or this worker reaches another one): a retryable
+        ``BackendUnavailable``, asked again on the next turn."""
         key = (*plan.backends, plan.model)
         async with self._lock:
-            if key not in self._clients:
+            if self._clients.get(key) is None:
                 drivers = endpoints(backend)
                 self._clients[key] = (await batch_client(drivers[0])
                                       if len(drivers) == 1 else None)
         found = self._clients[key]
         if found is None:
-            raise BadRequest(f'pricing="batch": backend {", ".join(plan.backends)} has no '
-                             "provider batch API on this worker (OpenAI's /v1/batches or "
-                             "Anthropic's /v1/messages/batches did not answer)")
+            raise BackendUnavailable(
+                f'pricing="batch": backend {", ".join(plan.backends)} has no provider batch '
+                "API from this worker (OpenAI's /v1/batches or Anthropic's "
+                "/v1/messages/batches did not answer)")
         if key not in self._lanes:
             self._lanes[key] = _Lane(found)
         return found
