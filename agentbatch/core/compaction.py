@@ -14,6 +14,7 @@ Two rules hold for every view:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Callable
 from typing import Any, get_args
@@ -71,9 +72,15 @@ def estimate_tokens(messages: list[Message], tools: list[dict[str, Any]] | None 
 def token_upper_bound(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> int:
     """More tokens than any byte-level tokenizer makes of this prompt: every token is at least
     one UTF-8 byte. A prompt under the limit by this bound needs no count from the server."""
-    size = len(canonical_json(messages).encode()) + (
-        len(canonical_json(tools).encode()) + TOOLS_OVERHEAD_TOKENS if tools else 0)
+    size = _json_bytes(messages) + (_json_bytes(tools) + TOOLS_OVERHEAD_TOKENS if tools else 0)
     return size + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def _json_bytes(value: Any) -> int:
+    """UTF-8 bytes of ``canonical_json(value)``, made on every turn: key order does not change
+    the length, so the keys are not sorted, and ASCII text (nearly all) is not encoded."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def chars_for_tokens(tokens: int, prompt_tokens: int, chars: int) -> int:

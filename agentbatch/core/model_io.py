@@ -79,7 +79,8 @@ class Usage(BaseModel):
     prompt_count: Literal["counted", "estimated"] | None = None
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
+        # Sums of validated counts need no validation again (this runs twice per turn).
+        return Usage.model_construct(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,

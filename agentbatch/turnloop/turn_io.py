@@ -62,8 +62,8 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     if json_tools:
         response = parse_reply(response, allow_tools=action.allow_tools, turn=state.steps + 1)
     if fitted.count is not None or fitted.usage != Usage():
-        usage = (fitted.usage + response.usage).model_copy(
-            update={"prompt_count": fitted.count or response.usage.prompt_count})
+        usage = fitted.usage + response.usage  # one new Usage: this runs on every turn
+        usage.prompt_count = fitted.count or response.usage.prompt_count
         response = response.model_copy(update={"usage": usage})
     record_reply(rt.backend.name, response)
     return ModelReplied(response, attempts=response.attempts)
