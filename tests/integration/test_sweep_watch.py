@@ -107,3 +107,33 @@ def test_an_unstarted_agent_waits_while_its_queue_moves_toward_it_and_not_once_p
     r.lpush(queue_key(INFERENCE_QUEUE, 0), "{}")
     _sweep(redis_url)
     assert r.hget(k.resends, "q:0") == "0:1000:c"
+
+
+def test_a_queue_whose_other_list_moves_is_moving_and_a_long_wait_is_looked_at_less_often(
+        redis_url: str) -> None:
+    """The sweep does not know which priority list holds the agent's message: a starved
+    low-priority list that stands still does not make the queue look still while another
+    list moves. An agent let wait again looks next after as long as it has waited."""
+    r = redis.from_url(redis_url, decode_responses=True)
+    k = BatchKeys("starved")
+    now_ms = int(r.time()[0]) * 1000
+    grace_ms = WorkerSettings(redis_url=redis_url).queue_grace_ms
+    first = now_ms - 100_000  # its message was sent 100 s + a grace ago
+    r.hset(k.state, "0", "0:{}")
+    r.zadd(WATCH, {k.member(0): first})
+    _head(r, TOOLS_QUEUE, 1, "t")
+    starved = queue_key(INFERENCE_QUEUE, 9)
+    r.delete(starved)
+    r.lpush(starved, json.dumps({"headers": {SENT_HEADER: first - grace_ms - 50_000,
+                                             "id": "old"}}))
+    _head(r, INFERENCE_QUEUE, first - grace_ms - 1_000, "a")
+    assert _sweep(redis_url) == 0
+    first_seen = r.hget(k.resends, "q:0")
+    assert first_seen.startswith(f"0:{first}:")
+    r.zadd(WATCH, {k.member(0): 0}, xx=True)
+    _head(r, INFERENCE_QUEUE, first - grace_ms - 500, "b")  # moved; the starved list did not
+    assert _sweep(redis_url) == 0
+    seen = r.hget(k.resends, "q:0")
+    assert seen.startswith(f"0:{first}:") and seen != first_seen, seen  # its new heads
+    waited_ms = now_ms - (first - grace_ms)
+    assert r.zscore(WATCH, k.member(0)) >= now_ms + waited_ms  # let wait again, for longer

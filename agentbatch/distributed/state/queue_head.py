@@ -10,6 +10,7 @@ moves at all. ``defer.lua`` decides from both, for a whole batch in one script c
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -19,8 +20,8 @@ SENT_HEADER = "ab_sent_ms"
 
 @dataclass(frozen=True)
 class QueueHead:
-    """The oldest message at the consuming end of a queue's lists (``sent_ms`` None: the
-    queue is empty, or a message there carries no stamp: nothing known)."""
+    """The messages at the consuming end of a queue's lists (``sent_ms`` None: the queue is
+    empty, or a message there carries no stamp: nothing known)."""
 
     sent_ms: int | None = None
     message_id: str = ""
@@ -37,17 +38,25 @@ NO_HEAD = QueueHead()
 
 
 def head_of(payloads: list[bytes | str | None]) -> QueueHead:
-    """The head of a queue from the message at the consuming end of each of its lists (None:
-    an empty list): the earliest sent, unknown if any of them carries no stamp."""
-    heads: list[QueueHead] = []
+    """The head of a queue from the message at the consuming end of each of its priority
+    lists (None: an empty list), unknown if any of them carries no stamp. The sweep does not
+    know which list an agent's message is on, so both answers are for the queue as a whole:
+    ``sent_ms`` is the earliest head's (past it, every list has moved past the agent), and
+    ``message_id`` names all the heads (it changes when any list moves: a starved
+    low-priority list must not make a queue whose other lists move look still)."""
+    heads: list[tuple[int, str]] = []
     for raw in payloads:
         if raw is None:
             continue
         try:
             message = json.loads(raw)
             headers = message["headers"]
-            sent, message_id = int(headers[SENT_HEADER]), str(headers["id"])
+            heads.append((int(headers[SENT_HEADER]), str(headers["id"])))
         except (ValueError, TypeError, KeyError):  # not ours, or sent before the stamp
             return NO_HEAD
-        heads.append(QueueHead(sent, message_id))
-    return min(heads, key=lambda h: h.sent_ms or 0) if heads else NO_HEAD
+    if not heads:
+        return NO_HEAD
+    if len(heads) == 1:
+        return QueueHead(heads[0][0], heads[0][1])
+    names = hashlib.sha1(",".join(i for _, i in heads).encode()).hexdigest()[:16]
+    return QueueHead(min(sent for sent, _ in heads), names)

@@ -387,21 +387,23 @@ class BatchStore:
                           deferred_at == str(state.version))
 
     async def defer(self, indices: Sequence[int], scores: Sequence[int], later_ms: int,
-                    heads: Mapping[str, QueueHead]) -> list[int]:
+                    heads: Mapping[str, QueueHead], grace_ms: int = 0) -> list[int]:
         """Let due agents that were never started wait on a busy queue: once per version,
         and again while their queue moves without having reached them (``defer.lua``, which
         compares ``heads``, the message at each queue's consuming end, with what it saw at
         the last look). ``scores``: the agents' due deadlines, in order. Each let wait gets
-        its deadline moved to ``later_ms``; returns the others (started, not reached by a
-        queue that stood still or moved past them, gone or unreadable), which the sweep
-        looks at itself. One script call for all of them."""
+        its deadline moved to ``later_ms`` (one let wait again: at least as long as it has
+        waited since its message was sent, its first score - ``grace_ms``); returns the
+        others (started, not reached by a queue that stood still or moved past them, gone or
+        unreadable), which the sweep looks at itself. One script call for all of them."""
         k = self.k
         inference, tools = heads.get("inference", NO_HEAD), heads.get("tools", NO_HEAD)
         return [int(i) for i in await self.s.defer(
             keys=[k.state, k.resends, k.watch, k.started],
             args=[later_ms, self.batch_id, json_array(str(i) for i in indices),
                   json_array(str(int(s)) for s in scores),
-                  inference.args[0], inference.args[1], tools.args[0], tools.args[1]])]
+                  inference.args[0], inference.args[1], tools.args[0], tools.args[1],
+                  now_ms(), grace_ms])]
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
                      recheck_ms: int, max_resends: int, audit: bool = False,

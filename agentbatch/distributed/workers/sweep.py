@@ -159,7 +159,8 @@ async def _still_queued_later(ctx: WorkerContext, due: list[tuple[tuple[str, int
     for batch_id, rows in by_batch.items():
         store = BatchStore(ctx.redis, ctx.scripts, batch_id)
         again.update((batch_id, i) for i in await store.defer(
-            [i for i, _ in rows], [s for _, s in rows], _deferred_until(ctx), queues.heads))
+            [i for i, _ in rows], [s for _, s in rows], _deferred_until(ctx), queues.heads,
+            ctx.settings.queue_grace_ms))
     return [row for row, _ in due if row in again]
 
 
@@ -214,7 +215,8 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
     if wait:
         order = list(wait)
         for index in await loaded.store.defer(
-                order, [wait[i][1] or 0 for i in order], _deferred_until(ctx), queues.heads):
+                order, [wait[i][1] or 0 for i in order], _deferred_until(ctx), queues.heads,
+                ctx.settings.queue_grace_ms):
             if index in wait:  # its queue stood still or moved past it: re-send
                 state, score = wait[index]
                 sent += await _resend(ctx, loaded, state, score, queues)
