@@ -15,16 +15,15 @@ provider finishes a small batch sooner than a big one, as the simulator does; a 
 whose batch latency is all queueing would gain nothing from it (and lose nothing but polls).
 
 ``"auto"`` (``route``): a turn goes to the batch API while the agent's projected finish --
-this turn at the median batch latency, its remaining turns at the sync latency -- stays
-inside the deadline; else to the sync API. The median, not a high quantile: a batch turn
-that has not answered when its remaining turns would only just fit on the sync API is
-hedged there, so the deadline holds either way, and a batch turn is worth trying while it
-is more likely than not to answer in time. The quantiles count the provider batches still
-open as censored at their age (``Latencies``): the first to end are the fast ones. The sync
-latency is measured, not assumed: the first turn ``"auto"`` routes goes to the sync API (a
-probe; ``PRIOR_SYNC_S`` stands in until it answers). At the batch's tail (at most
+this turn at the ``ROUTE_Q`` (p90) batch latency, its remaining turns at the sync latency --
+stays inside the deadline; else to the sync API. The quantiles count the provider batches
+still open as censored at their age (``Latencies``): the first to end are the fast ones. The
+sync latency is measured, not assumed: the first turn ``"auto"`` routes goes to the sync API
+(a probe; ``PRIOR_SYNC_S`` stands in until it answers). At the batch's tail (at most
 ``TAIL_SHARE`` of its agents still running) an agent's last estimated turn goes to the sync
-API: nobody waits a batch round for it.
+API: nobody waits a batch round for it. Known gap: the sync estimate is one request's
+latency, so many turns sent to the sync API at once (a tight deadline, hedges together at
+the deadline point) queue and can finish past the deadline on a loaded machine.
 
 Hedging (``complete``): with a deadline, a turn still waiting when its remaining turns would
 only just fit before the deadline on the sync API is sent to the sync API as well (earlier
@@ -77,6 +76,7 @@ MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
 CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
+ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
 
 
 @dataclass
@@ -198,7 +198,7 @@ class ProviderBatchTurns:
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
             self.stats["routed_sync_tail"] += 1
             return "sync"
-        batch = self.batch_estimate(0.5) or 0.0
+        batch = self.batch_estimate(ROUTE_Q) or 0.0
         finish = (time.monotonic() + batch + (turns_left - 1) * self.sync_estimate()
                   + SAFETY_S)
         if finish > self.deadline:
@@ -247,9 +247,9 @@ class ProviderBatchTurns:
         submitted = time.monotonic()
         try:
             while not future.done():
-                opened = self._owner.get(cid)
-                at = self._hedge_at(submitted, turns_left,
-                                    None if opened is None else opened.size)
+                opened = self._owner.get(cid)  # p90s run from a batch's submit, not the window
+                at = self._hedge_at(submitted if opened is None else opened.submitted,
+                                    turns_left, None if opened is None else opened.size)
                 now = time.monotonic()
                 if at is not None and now >= at:
                     return await self._hedge(cid, request, future)
