@@ -66,9 +66,11 @@ Route = Literal["sync", "batch"]
 WINDOW_S = 0.25  # turns ready this close together share one provider batch
 MAX_ITEMS = 8  # turns per provider batch: a slow request holds only these few
 HTTP_AT_ONCE = 4  # batch API calls in flight (submits, polls): self-clocked by the server
-POLL_S = 0.5  # a provider batch is polled every POLL_SHARE of its age, within these two
-POLL_SHARE = 0.1  # (an answer is seen at most ~10% late, a long batch is not polled often)
-MAX_POLL_S = 30.0
+POLL_S = 0.25  # a first poll backing off 1.5x to MAX_POLL_S (the distributed engine's)
+MAX_POLL_S = 5.0
+WATCH_MIN_S = 0.5  # here a provider batch is polled every POLL_SHARE of its age, within
+POLL_SHARE = 0.1  # WATCH_MIN_S..WATCH_MAX_S: an answer is seen at most ~10% late, and a
+WATCH_MAX_S = 30.0  # long batch is not polled often
 MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
 PRIOR_SYNC_S = 5.0  # a sync turn's latency until the first (the probe) has answered
 SAFETY_S = 2.0  # kept free before the deadline
@@ -351,7 +353,7 @@ class ProviderBatchTurns:
                         "deadline")) for cid in list(opened.wanted)})
                     return
                 now = time.monotonic()
-                delay = min(max(POLL_SHARE * (now - opened.submitted), POLL_S), MAX_POLL_S)
+                delay = min(max(POLL_SHARE * (now - opened.submitted), WATCH_MIN_S), WATCH_MAX_S)
                 await asyncio.sleep(min(delay, max(give_up - now, 0.01)))
             try:
                 async with self._http:
