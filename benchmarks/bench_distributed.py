@@ -31,6 +31,7 @@ from tests.support.tools import Answer, cached_lookup, lookup
 from tests.support.workers import REPO, WorkerProcess
 
 ROUNDS = 3  # tool rounds per agent in tests.chaos.client.TASK
+READY_S = 300.0  # six workers starting at once on a loaded 2-core machine: one took 24 s
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,7 +68,7 @@ def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
                                         env=env).start(wait=False)
                             for i, q in enumerate(["inference"] * n_inf + ["tools"] * n_tools)]
         for p in procs:
-            p.wait_ready()
+            p.wait_ready(timeout=READY_S)
         return procs
     procs = []
     for i, q in enumerate(["inference"] * n_inf + ["tools"] * n_tools):
@@ -78,7 +79,7 @@ def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
              "-n", f"floor{i}@%h"],
             env={**os.environ, "AGENTBATCH_REDIS_URL": url, "PYTHONPATH": str(REPO)},
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + READY_S
     for i in range(len(procs)):
         while b" ready." not in Path(f"/tmp/agentbatch-floor-{i}.log").read_bytes():
             if time.monotonic() > deadline:

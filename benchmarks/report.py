@@ -518,6 +518,13 @@ def render_profile_fleet(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", *bullets, "", top_tbl, "", _machine_line(data)])
 
 
+def render_fleet_before_after(data: dict[str, Any]) -> str:
+    """benchmarks/fleet_before_after.py: the fleet benchmark on two commits, interleaved."""
+    from benchmarks.fleet_before_after import render
+
+    return render(data)
+
+
 def render_cost(data: dict[str, Any]) -> str:
     """bench_cost.py's table (also in docs/cost.md), under a heading."""
     from benchmarks.bench_cost import render
@@ -560,7 +567,8 @@ RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
              "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
              "profile_fleet": render_profile_fleet, "cost": render_cost,
-             "hedge": render_hedge}
+             "hedge": render_hedge,
+             "fleet_before_after": render_fleet_before_after}
 
 
 def render_file(data: dict[str, Any]) -> str:
