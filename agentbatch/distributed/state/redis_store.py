@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,6 @@ from agentbatch.distributed.state.keys import (
     BatchKeys,
     watch_member,
 )
-from agentbatch.distributed.state.queue_head import NO_HEAD, QueueHead
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.transition import DEFAULT_RETENTION_S, Transition
 
@@ -374,7 +373,6 @@ class BatchStore:
             p.hget(k.started, index)
             entry, leased, score, deferred_at, started_at = await p.execute()
         seen = None if score is None else int(score)
-        deferred_at = None if deferred_at is None else deferred_at.partition(":")[0]
         if not entry:
             return Inspection(None, bool(leased), False, seen, False)
         started = started_at is not None and started_at == entry.partition(":")[0]
@@ -386,24 +384,16 @@ class BatchStore:
         return Inspection(state, bool(leased), started, seen,
                           deferred_at == str(state.version))
 
-    async def defer(self, indices: Sequence[int], scores: Sequence[int], later_ms: int,
-                    heads: Mapping[str, QueueHead], grace_ms: int = 0) -> list[int]:
-        """Let due agents that were never started wait on a busy queue: once per version,
-        and again while their queue moves without having reached them (``defer.lua``, which
-        compares ``heads``, the message at each queue's consuming end, with what it saw at
-        the last look). ``scores``: the agents' due deadlines, in order. Each let wait gets
-        its deadline moved to ``later_ms`` (one let wait again: at least as long as it has
-        waited since its message was sent, its first score - ``grace_ms``); returns the
-        others (started, not reached by a queue that stood still or moved past them, gone or
-        unreadable), which the sweep looks at itself. One script call for all of them."""
+    async def defer(self, indices: Sequence[int], later_ms: int) -> list[int]:
+        """Let due agents that were never started wait on a busy queue once per version:
+        each not started and not yet deferred at its current version gets its deadline moved
+        to ``later_ms``; returns the others (started, deferred once already, gone or
+        unreadable), which the sweep looks at itself. One script call for all of them
+        (``defer.lua``)."""
         k = self.k
-        inference, tools = heads.get("inference", NO_HEAD), heads.get("tools", NO_HEAD)
         return [int(i) for i in await self.s.defer(
             keys=[k.state, k.resends, k.watch, k.started],
-            args=[later_ms, self.batch_id, json_array(str(i) for i in indices),
-                  json_array(str(int(s)) for s in scores),
-                  inference.args[0], inference.args[1], tools.args[0], tools.args[1],
-                  now_ms(), grace_ms])]
+            args=[later_ms, self.batch_id, json_array(str(i) for i in indices)])]
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
                      recheck_ms: int, max_resends: int, audit: bool = False,
@@ -457,15 +447,9 @@ def cancel_batch(client: Any, batch_id: str) -> int:
 async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:
     """(batch id, index) of agents whose progress deadline has passed (by Redis's clock),
     across the fleet, earliest first: one ZRANGEBYSCORE, however many batches are active."""
-    return [agent for agent, _ in await due_agents_scored(client, limit)]
-
-
-async def due_agents_scored(client: Any, limit: int = 500) -> list[tuple[tuple[str, int], int]]:
-    """``due_agents`` with each one's deadline (the same single ZRANGEBYSCORE)."""
     await sync_clock(client)
-    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit,
-                                       withscores=True)
-    return [(watch_member(m), int(score)) for m, score in found]
+    found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
+    return [watch_member(m) for m in found]
 
 
 def retention_ms(retention_s: float) -> int:

@@ -71,11 +71,8 @@ def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
     return []
 
 
-def envelopes(app: Celery, followups: list[Followup],
-              sent_ms: int | None = None) -> list[tuple[str, str]]:
-    """``sent_ms``: the time they count as sent (``envelope``); default now."""
-    return [envelope(app, f.task, list(f.args), f.queue, f.priority, countdown=f.countdown,
-                     sent_ms=sent_ms)
+def envelopes(app: Celery, followups: list[Followup]) -> list[tuple[str, str]]:
+    return [envelope(app, f.task, list(f.args), f.queue, f.priority, countdown=f.countdown)
             for f in followups]
 
 

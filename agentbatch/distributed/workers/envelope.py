@@ -17,8 +17,6 @@ from celery import Celery
 from kombu.serialization import dumps
 from kombu.transport.redis import Channel
 
-from agentbatch.distributed.state.queue_head import SENT_HEADER
-from agentbatch.distributed.state.redis_store import now_ms
 from agentbatch.distributed.workers.app import PRIORITY_STEPS, TOOL_TASK, TURN_TASK
 
 SEP = Channel.sep  # kombu's separator between a queue name and its priority step
@@ -47,11 +45,8 @@ def queue_key(queue: str, priority: int) -> str:
 
 
 def envelope(app: Celery, task: str, args: list[object], queue: str,
-             priority: int, countdown: float | None = None,
-             sent_ms: int | None = None) -> tuple[str, str]:
-    """(Redis list key, JSON payload) for one task message; ``countdown`` delays it.
-    ``sent_ms``: the time it counts as sent (``SENT_HEADER``; default now, by Redis's
-    clock): the sweep reads it at the queue's head to tell how far the queue has got."""
+             priority: int, countdown: float | None = None) -> tuple[str, str]:
+    """(Redis list key, JSON payload) for one task message; ``countdown`` delays it."""
     task_id = str(uuid.uuid4())
     # (celery-types says args is a tuple; any sequence serializes to the same JSON list)
     message = app.amqp.as_task_v2(task_id, task, args=args, kwargs={},  # type: ignore[arg-type]
@@ -63,7 +58,7 @@ def envelope(app: Celery, task: str, args: list[object], queue: str,
         "body": base64.b64encode(raw).decode(),
         "content-encoding": content_encoding,
         "content-type": content_type,
-        "headers": {**message.headers, SENT_HEADER: now_ms() if sent_ms is None else sent_ms},
+        "headers": message.headers,
         "properties": {
             **message.properties,
             "delivery_mode": 2,

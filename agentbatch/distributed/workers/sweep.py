@@ -8,16 +8,11 @@ what Redis shows:
   batch's ``started`` hash) and nothing
   committed or renewed since: its worker died mid-turn, so its task is re-sent at once;
 - it was never started and its queue still holds messages: it is most likely still queued,
-  so it is let wait ``QUEUED_GRACES - 1`` more queue graces (one script call per batch,
-  ``defer.lua``, which records the version it let wait and the message at its queue's
-  consuming end). Found due again at the same version, it is let wait again only if its
-  queue moved since (another message is at the consuming end) and has not reached it yet:
-  that message was sent no later than one grace after the agent's own (every task message
-  carries its sent time, ``state/queue_head.py``). Else it is re-sent: a message lost while
-  other batches keep the queue busy is re-sent once the queue has moved past it, or after
-  ``QUEUED_GRACES`` x the queue grace if the queue stands still. A big batch queued for
-  longer than that is not re-sent agent by agent while its queue works through it. If it
-  was only queued after all, the copy that runs second is dropped as stale or busy;
+  so it is let wait once per version, ``QUEUED_GRACES - 1`` more queue graces (one script
+  call per batch, ``defer.lua``, which records the version it let wait). Found due again at
+  the same version, it is re-sent: a message lost while other batches keep the queue busy
+  is re-sent ``QUEUED_GRACES`` x the queue grace after its commit at the latest. If it was
+  only queued after all, the copy that runs second is dropped as stale or busy;
 - it was never started and its queue is empty: the message is gone (a worker that had
   prefetched it died), so it is re-sent;
 - its state entry cannot be read (written by another version, or damaged): it can never
@@ -46,19 +41,12 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.turns import Abandoned, step
 from agentbatch.distributed.state.damaged import placeholder_state
 from agentbatch.distributed.state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
-from agentbatch.distributed.state.queue_head import QueueHead, head_of
-from agentbatch.distributed.state.redis_store import (
-    BatchStore,
-    Inspection,
-    due_agents_scored,
-    now_ms,
-)
+from agentbatch.distributed.state.redis_store import BatchStore, Inspection, due_agents, now_ms
 from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from agentbatch.distributed.workers.app import app as celery_app
 from agentbatch.distributed.workers.context import LoadedBatch, WorkerContext
@@ -112,56 +100,43 @@ async def _lock_renewal(ctx: WorkerContext, token: str, lock_ms: int) -> AsyncIt
         task.cancel()
 
 
-@dataclass(frozen=True)
-class Queues:
-    """Both task queues as one pass reads them: messages waiting, and each one's head."""
-
-    waiting: dict[str, int]
-    heads: dict[str, QueueHead]
-
-
 async def _sweep_due(ctx: WorkerContext, limit: int) -> int:
     """The pass itself, under the lock."""
-    scored = await due_agents_scored(ctx.redis, limit)
-    if not scored:
+    due = await due_agents(ctx.redis, limit)
+    if not due:
         return 0
-    due = [agent for agent, _ in scored]
-    queues = await _queue_waiting(ctx)
-    # agents back from defer.lua at this pass: it already judged their queue
-    judged = all(queues.waiting.values())
-    if judged:
-        due = await _still_queued_later(ctx, scored, queues)
+    waiting = await _queue_waiting(ctx)
+    if all(waiting.values()):
+        due = await _still_queued_later(ctx, due)
     by_batch: dict[str, list[int]] = {}
     for batch_id, index in due:
         by_batch.setdefault(batch_id, []).append(index)
     sent = 0
     for batch_id, indices in by_batch.items():
         try:
-            sent += await _sweep_batch(ctx, batch_id, indices, queues, judged)
+            sent += await _sweep_batch(ctx, batch_id, indices, waiting)
         except Exception:  # one bad batch never stops the recovery of the others
             log.exception("sweeping batch %s failed; the other batches are swept", batch_id)
     return sent
 
 
-async def _still_queued_later(ctx: WorkerContext, due: list[tuple[tuple[str, int], int]],
-                              queues: Queues) -> list[tuple[str, int]]:
+async def _still_queued_later(ctx: WorkerContext,
+                              due: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """With messages waiting on both queues, an agent whose version was never started is
     still queued, most likely (what ``_sweep_batch`` would conclude after reading its state,
     lease and started mark: five commands each): let each wait once per version, in one
     script call per batch (``defer.lua``, which reads the started marks itself). A big batch
     queued longer than the grace no longer costs the sweep a read per agent per pass.
-    Returns the agents still to look at one by one: the started ones, and those let wait at
-    their version already whose queue stood still or moved past them (to re-send)."""
-    by_batch: dict[str, list[tuple[int, int]]] = {}
-    for (batch_id, index), score in due:
-        by_batch.setdefault(batch_id, []).append((index, score))
+    Returns the agents still to look at one by one: the started ones, and those already let
+    wait at their version."""
+    by_batch: dict[str, list[int]] = {}
+    for batch_id, index in due:
+        by_batch.setdefault(batch_id, []).append(index)
     again: set[tuple[str, int]] = set()
-    for batch_id, rows in by_batch.items():
+    for batch_id, indices in by_batch.items():
         store = BatchStore(ctx.redis, ctx.scripts, batch_id)
-        again.update((batch_id, i) for i in await store.defer(
-            [i for i, _ in rows], [s for _, s in rows], _deferred_until(ctx), queues.heads,
-            ctx.settings.queue_grace_ms))
-    return [row for row, _ in due if row in again]
+        again.update((batch_id, i) for i in await store.defer(indices, _deferred_until(ctx)))
+    return [row for row in due if row in again]
 
 
 def _deferred_until(ctx: WorkerContext) -> int:
@@ -169,26 +144,19 @@ def _deferred_until(ctx: WorkerContext) -> int:
     return now_ms() + (QUEUED_GRACES - 1) * ctx.settings.queue_grace_ms
 
 
-async def _queue_waiting(ctx: WorkerContext) -> Queues:
-    """Messages waiting on each queue (all priority lists) and the message at each list's
-    consuming end, read once per pass (one round trip)."""
+async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
+    """Messages waiting on each queue (all priority lists), read once per pass."""
     async with ctx.redis.pipeline(transaction=False) as p:
         for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
             for pri in PRIORITY_STEPS:
                 p.llen(queue_key(queue, pri))
-                p.lindex(queue_key(queue, pri), -1)  # kombu pops at the right (BRPOP)
-        replies = await p.execute()
+        lengths = await p.execute()
     n = len(PRIORITY_STEPS)
-    waiting, heads = {}, {}
-    for q, queue in enumerate((INFERENCE_QUEUE, TOOLS_QUEUE)):
-        mine = replies[2 * n * q: 2 * n * (q + 1)]
-        waiting[queue] = sum(mine[0::2])
-        heads[queue] = head_of(mine[1::2])
-    return Queues(waiting, heads)
+    return {INFERENCE_QUEUE: sum(lengths[:n]), TOOLS_QUEUE: sum(lengths[n:])}
 
 
 async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
-                       queues: Queues, judged: bool) -> int:
+                       waiting: dict[str, int]) -> int:
     # a plan this worker cannot read: its dropped tasks are re-sent (for a worker that can)
     # until the re-send cap ends the agents with kind ``config`` (``_resend``)
     loaded = await ctx.batch(batch_id) or await ctx.unreadable_batch(batch_id)
@@ -203,33 +171,26 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
         await ctx.redis.srem(ACTIVE_BATCHES, batch_id)
         return 0
     sent = 0
-    wait: dict[int, tuple[AgentState, int | None]] = {}
+    wait: list[int] = []
     for index in indices:
         try:
-            sent += await _sweep_agent(ctx, loaded, index, queues, judged, wait)
+            sent += await _sweep_agent(ctx, loaded, index, waiting, wait)
         except Exception:  # one bad agent never stops the sweep of the others
             log.exception("sweeping agent %s of batch %s failed; looking again later", index,
                           batch_id)
             with contextlib.suppress(Exception):  # a moved deadline: no hot loop on it
                 await loaded.store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
     if wait:
-        order = list(wait)
-        for index in await loaded.store.defer(
-                order, [wait[i][1] or 0 for i in order], _deferred_until(ctx), queues.heads,
-                ctx.settings.queue_grace_ms):
-            if index in wait:  # its queue stood still or moved past it: re-send
-                state, score = wait[index]
-                sent += await _resend(ctx, loaded, state, score, queues)
+        await loaded.store.defer(wait, _deferred_until(ctx))
     if sent:
         log.warning("sweep re-sent %d task(s) for batch %s", sent, batch_id)
     return sent
 
 
-async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int, queues: Queues,
-                       judged: bool, wait: dict[int, tuple[AgentState, int | None]]) -> int:
-    """Decide for one due agent; returns the tasks re-sent. Adds to ``wait`` an agent that
-    may still be queued on its busy queue (``defer`` decides, once per batch); ``judged``:
-    ``defer`` already did at this pass, so one let wait before is re-sent."""
+async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int,
+                       waiting: dict[str, int], wait: list[int]) -> int:
+    """Decide for one due agent; returns the tasks re-sent. Appends to ``wait`` an agent to
+    let wait on its busy queue (``defer``, once per batch)."""
     store = loaded.store
     seen: Inspection = await store.inspect(index)
     state = seen.state
@@ -247,14 +208,14 @@ async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int, queu
     if state is None:  # gone (handled above); for the type checker
         return 0
     queue = TOOLS_QUEUE if state.status is AgentStatus.AWAITING_TOOLS else INFERENCE_QUEUE
-    if not seen.started and queues.waiting[queue] > 0 and not (judged and seen.deferred):
-        wait[index] = (state, seen.score)  # never started, queue busy: still queued?
+    if not seen.started and waiting[queue] > 0 and not seen.deferred:
+        wait.append(index)  # never started, queue busy: still queued, most likely
         return 0
-    return await _resend(ctx, loaded, state, seen.score, queues)
+    return await _resend(ctx, loaded, state, seen.score)
 
 
 async def _resend(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
-                  seen_score: int | None, queues: Queues) -> int:
+                  seen_score: int | None) -> int:
     store = loaded.store
     skip: list[str] = []
     if state.status is AgentStatus.AWAITING_TOOLS:
@@ -266,11 +227,7 @@ async def _resend(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
     followups = followups_for(loaded.plan.batch_id, loaded.policy, state, skip_calls=skip)
     if not followups:
         return 0
-    # Sent as of its queue's head: the re-send jumps to the consuming end, and a later stamp
-    # there would tell the agents queued behind that the queue has moved past them.
-    queue = TOOLS_QUEUE if state.status is AgentStatus.AWAITING_TOOLS else INFERENCE_QUEUE
-    n = await store.resend(state, envelopes(celery_app, followups,
-                                            sent_ms=queues.heads[queue].sent_ms),
+    n = await store.resend(state, envelopes(celery_app, followups),
                            recheck_ms=ctx.settings.lease_ttl_ms,
                            max_resends=ctx.settings.max_resends, audit=ctx.settings.audit,
                            seen_score=seen_score)
