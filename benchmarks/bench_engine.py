@@ -61,6 +61,22 @@ model's, shared by the slots); ``--server-cpus`` / ``--client-cpus`` pin the
 server and this process to CPUs. The ``capitals`` workload is N agents with one structured
 turn each (a repair allowed) sharing a ~280-token system prompt.
 
+Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results file:
+
+    python -m benchmarks.bench_engine --pool 2 --threads 1 --parallel 2 \
+        --systems embedded,naive_round_robin,naive_hash,embedded_least_outstanding,distributed \
+        --workloads longconv:3:3,tools:3:1 --max-tokens 64 --timeout 400 \
+        --json benchmarks/results/engine_pool.json
+
+``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
+gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with the
+pool's ``routing="least_outstanding"``; ``naive_round_robin`` sends each turn to the next
+server, ``naive_hash`` pins each agent to one server by a hash of its number. Engine counters
+are summed over the servers, with each server's share (``per_server``, ``busy_max_over_mean``)
+and agentbatch embedded's ``moves``. The ``longconv`` workload: 3+ agents each read a 6-page
+manual (~1.1 KB a page) with ``read_page``, one page per turn; every system forces the six
+reads (see ``REQUIRED_CALLS``).
+
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
 (b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (its argument is one of 4
 item names, an ``enum``), through ``tool_calling="json"`` with ``tool_choice="required"``: every
@@ -80,12 +96,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any, Literal, get_args
 from unittest.mock import patch
@@ -93,9 +111,10 @@ from unittest.mock import patch
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
-from agentbatch import arun_batch, submit_batch, tool
+from agentbatch import arun_batch, asubmit_batch, submit_batch, tool
 from agentbatch.backends.llamacpp import SlotPicker, observe_ttft
 from agentbatch.backends.prom import metric_sum, parse_prometheus
+from agentbatch.core import turns as turns_module
 from agentbatch.core.options import DEFAULT_MAX_INFLIGHT
 from agentbatch.core.output import OutputContract
 from agentbatch.turnloop.compile import system_message
@@ -114,6 +133,11 @@ SYSTEMS = ("embedded", "embedded_unpinned", "embedded_unstreamed", "distributed"
            "distributed_uncapped", "naive",
            "batch_agent",
            "embedded_stream", "naive_stream", "embedded_batched")
+# Issue 26 pool mode (``--pool N``): N llama-servers, ``backend=[url1, url2, ...]``.
+POOL_SYSTEMS = ("embedded_least_outstanding", "naive_round_robin", "naive_hash")
+SYSTEMS = SYSTEMS + POOL_SYSTEMS
+POOL_DEFAULT_SYSTEMS = ("embedded", "embedded_least_outstanding", "distributed",
+                        "naive_round_robin", "naive_hash")
 STREAMED = ("embedded_stream", "naive_stream")
 STRUCTURED_ONLY = ("embedded_batched",)
 STRUCTURED_WORKLOADS = ("structured", "capitals")
@@ -149,6 +173,43 @@ TOOL_S = 0.2
 # The task needs one call per reply: the turn schema both systems send allows one (agentbatch:
 # ``max_tool_calls_per_turn``); without the cap SmolLM2 repeated the call 2-4 times per reply.
 MAX_CALLS_B = 1
+# (c) ``longconv``: a long conversation. The agent reads a 6-page manual one page per turn
+# (``read_page``, ~1.4 KB per page), then answers: 7+ model turns, each prompt the whole
+# conversation so far, where a server that still holds the agent's prefix computes only the
+# newest page.
+SYSTEM_L = ("You read a manual one page at a time with the read_page tool: first page 1, "
+            "then page 2, and so on up to page 6. Only after reading page 6, give the final "
+            "answer: how many pages you read and a short summary.")
+TASK_L = "Read the manual for case {i}, page by page, then summarise it."
+Page = Literal[1, 2, 3, 4, 5, 6]
+PAGES = len(get_args(Page))
+MAX_TURNS_L = PAGES + 1  # six reads, then the answer
+LONG_TOOL_S = 0.05
+_PAGE_BODY = (
+    "Section {page}.{n}: the pump must be primed before first use; check the seal, the "
+    "valve and the filter, and write the reading in the log book with the date. "
+)
+MAX_TURNS = {"tools": 3, "longconv": MAX_TURNS_L}  # agentbatch's max_turns = naive's limit
+# Tool rounds an agent must take before it may answer: ``tool_choice="required"`` forces one;
+# SmolLM2-135M answers after page 1 whatever the prompt says (measured: 2 turns per agent with
+# three phrasings), so on ``longconv`` both systems force all six reads (``_must_call_tool``).
+REQUIRED_CALLS = {"tools": 1, "longconv": PAGES}
+
+
+def _must_read_every_page(policy: Any, state: Any) -> bool:
+    """``tool_choice="required"`` for the first ``PAGES`` tool rounds of a long-conversation
+    agent (its first message is a ``TASK_L`` task: the system prompt is not in the state), as
+    the naive loop does; agentbatch's own rule (one round) for every other agent."""
+    messages = state.messages
+    if not (policy.require_tool_call and messages
+            and TASK_L.split("{i}")[1] in str(messages[0].get("content", ""))):
+        return _ORIGINAL_MUST_CALL(policy, state)
+    return sum(1 for m in messages if m.get("role") == "tool") < PAGES
+
+
+_ORIGINAL_MUST_CALL = turns_module._must_call_tool
+# Module-level, so the distributed workers (which import this module for its tools) apply it.
+turns_module._must_call_tool = _must_read_every_page
 # The naive loop allows one repair turn per agent; agentbatch gets the same budget, so both
 # do the same work (agentbatch's default is 2).
 MAX_RETRIES = 1
@@ -167,6 +228,11 @@ class Capital(BaseModel):
 class PriceReport(BaseModel):
     item: str = Field(max_length=20)
     price: str = Field(max_length=40)
+
+
+class ManualReport(BaseModel):
+    pages_read: int
+    summary: str = Field(max_length=60)
 
 
 EXECUTIONS: dict[str, int] = {}  # tool executions in this process (not the workers)
@@ -189,6 +255,34 @@ async def price(item: Item) -> str:
     return await _price_body(item)
 
 
+def page_text(page: int) -> str:
+    """One page of the manual: ~1.4 KB, ending with where to go next."""
+    body = "".join(_PAGE_BODY.format(page=page, n=n) for n in range(1, 8))
+    nxt = (f"Next: call read_page with page {page + 1}." if page < PAGES
+           else "This was the last page: give the final answer now.")
+    return f"Page {page} of {PAGES}. {body}{nxt}"
+
+
+async def _read_page_body(page: Page) -> str:
+    """The long-conversation tool's work (50 ms), also run by the naive loop."""
+    EXECUTIONS[f"page{page}"] = EXECUTIONS.get(f"page{page}", 0) + 1
+    await asyncio.sleep(LONG_TOOL_S)
+    return page_text(page)
+
+
+@tool
+async def read_page(page: Page) -> str:
+    """Read one page of the manual.
+
+    Args:
+        page: the page number, 1 to 6.
+    """
+    return await _read_page_body(page)
+
+
+BODIES = {"price": _price_body, "read_page": _read_page_body}
+
+
 def inputs(workload: str, n: int, run: int) -> list[dict[str, Any]]:
     """Per-agent inputs; ``run`` makes every run's user messages new to the engine's prompt
     cache (only the shared system prompt stays cached), so no system inherits a cache filled
@@ -198,6 +292,8 @@ def inputs(workload: str, n: int, run: int) -> list[dict[str, Any]]:
         return [{"i": base + i, "text": REVIEWS[i % len(REVIEWS)]} for i in range(n)]
     if workload == "capitals":
         return [{"i": base + i, "country": COUNTRIES[i % len(COUNTRIES)]} for i in range(n)]
+    if workload == "longconv":
+        return [{"i": base + i} for i in range(n)]
     return [{"i": base + i, "item": ITEMS[i % len(ITEMS)]} for i in range(n)]
 
 
@@ -245,6 +341,11 @@ def _ab_kwargs(workload: str, n: int, max_tokens: int, run: int) -> dict[str, An
         return {"task": TASK_C, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_C,
                 "output_schema": Capital, "max_turns": 2, "max_retries": MAX_RETRIES,
                 **common}
+    if workload == "longconv":
+        return {"task": TASK_L, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_L,
+                "output_schema": ManualReport, "tools": [read_page], "tool_calling": "json",
+                "tool_choice": "required", "max_turns": MAX_TURNS_L,
+                "max_retries": MAX_RETRIES, "max_tool_calls_per_turn": MAX_CALLS_B, **common}
     return {"task": TASK_B, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_B,
             "output_schema": PriceReport, "tools": [price], "tool_calling": "json",
             "tool_choice": "required", "max_turns": 3, "max_retries": MAX_RETRIES,
@@ -267,11 +368,39 @@ async def run_embedded(ctx: dict[str, Any], workload: str, n: int,
     kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
     task = kw.pop("task")
     ttfts: list[float] = []  # heard only from streamed turns (the llamacpp:// default)
-    with observe_ttft(ttfts.append):
-        results = await arun_batch(task, kw.pop("inputs"),
-                                   backend=ctx["llamacpp_url"] + url_options, **kw)
-    tally = _tally(results, kw["output_schema"])
+    url = ctx["llamacpp_url"]
+    if isinstance(url, list):  # a pool (``--pool``): arun_batch's path, keeping the handle
+        with observe_ttft(ttfts.append):
+            handle = await asubmit_batch(task, kw.pop("inputs"),
+                                         backend=[u + url_options for u in url], **kw)
+            async with handle:
+                results = await handle.wait_async()
+        pool = handle.stats().get("pool") or {}
+        tally = {**_tally(results, kw["output_schema"]), "pool_moves": pool.get("moves"),
+                 "pool_requests": {name: ep["requests"]
+                                   for name, ep in (pool.get("endpoints") or {}).items()}}
+    else:
+        with observe_ttft(ttfts.append):
+            results = await arun_batch(task, kw.pop("inputs"), backend=url + url_options, **kw)
+        tally = _tally(results, kw["output_schema"])
     return {**tally, "ttfts": ttfts} if ttfts else tally
+
+
+async def run_embedded_least_outstanding(ctx: dict[str, Any], workload: str,
+                                         n: int) -> dict[str, Any]:
+    """``embedded`` on a pool with ``routing="least_outstanding"`` (every turn to the endpoint
+    with the fewest in flight, no affinity). The routing is an ``EndpointPool`` constructor
+    argument, not a batch option, so the benchmark sets it on the pool ``open_backend``
+    builds."""
+    from agentbatch.backends.pool import EndpointPool
+
+    original = EndpointPool.__init__
+
+    def least_outstanding(self: EndpointPool, backends: list[Any], **kw: Any) -> None:
+        original(self, backends, **{**kw, "routing": "least_outstanding"})
+
+    with patch.object(EndpointPool, "__init__", least_outstanding):
+        return await run_embedded(ctx, workload, n)
 
 
 async def run_embedded_unpinned(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
@@ -373,11 +502,12 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
         task = (TASK_A if workload == "structured" else TASK_C).format(**item)
         turn_schema = final_schema = calls_schema = schema.model_json_schema()
     else:
-        schema = PriceReport
-        tools = [price.openai_schema()]
-        out = OutputContract(PriceReport).json_schema
-        system = "\n\n".join([SYSTEM_B, instructions(tools, out)])
-        task = TASK_B.format(**item)
+        schema = PriceReport if workload == "tools" else ManualReport
+        tools = [(price if workload == "tools" else read_page).openai_schema()]
+        out = OutputContract(schema).json_schema
+        system = "\n\n".join([SYSTEM_B if workload == "tools" else SYSTEM_L,
+                               instructions(tools, out)])
+        task = (TASK_B if workload == "tools" else TASK_L).format(**item)
         # the schemas agentbatch sends (one call per reply: ``max_tool_calls_per_turn``)
         turn_schema = union_schema(tools, out, max_calls=MAX_CALLS_B)
         final_schema = union_schema(tools, out, allow_tools=False)
@@ -385,11 +515,16 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": task}]
     repaired = called = False
-    for turn in range(4):
-        if workload == "tools" and not called:
+    calls_made = 0
+    with_tools = workload in MAX_TURNS
+    limit = MAX_TURNS.get(workload, 3)  # the last allowed turn must answer (as agentbatch's)
+    for turn in range(limit + 1):
+        if with_tools and calls_made < REQUIRED_CALLS[workload]:
             turn_rf = calls_schema
+        elif workload == "longconv":  # as agentbatch: tools stay allowed on the last turn
+            turn_rf = final_schema if repaired else turn_schema
         else:
-            turn_rf = final_schema if repaired or turn >= 2 else turn_schema
+            turn_rf = final_schema if repaired or turn >= limit - 1 else turn_schema
         body = {"model": MODEL, "messages": messages, "max_tokens": ctx["max_tokens"],
                 "temperature": 0.0, "response_format": _rf(turn_rf, "agent_turn")}
         content = await _naive_chat(client, body, ttfts)
@@ -398,12 +533,16 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
             obj = json.loads(content)
         except ValueError:
             obj = None
-        if workload == "tools" and isinstance(obj, dict) and obj.get("tool_calls"):
+        if with_tools and isinstance(obj, dict) and obj.get("tool_calls"):
+            if workload == "longconv" and turn >= limit - 1:
+                return False  # as agentbatch: "the model still called tools after max_turns"
             calls = obj["tool_calls"]
             tally["tool_calls"] += len(calls)
             tally["agents_calling_tools"] += not called
             called = True
-            outs = await asyncio.gather(*(_price_body(**c["arguments"]) for c in calls))
+            calls_made += 1
+            outs = await asyncio.gather(*(BODIES[c["name"]](**c["arguments"])
+                                          for c in calls))
             lines = [json.dumps({"arguments": c["arguments"], "name": c["name"],
                                  "result": o}, separators=(",", ":"),
                                 sort_keys=True) for c, o in zip(calls, outs, strict=True)]
@@ -415,9 +554,9 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
                              "content": "\n".join([RESULTS_HEADER, *lines, RESULTS_FOOTER])})
             continue
         try:
-            if workload == "tools" and not called:
+            if with_tools and not called:
                 raise ValueError("no tool call")
-            value = obj["final"] if workload == "tools" else obj
+            value = obj["final"] if with_tools else obj
             schema.model_validate(value)
             return True
         except (ValidationError, ValueError, TypeError, KeyError) as exc:
@@ -431,16 +570,43 @@ async def _naive_agent(client: AsyncOpenAI, ctx: dict[str, Any], workload: str,
     return False
 
 
+class _RoundRobin:
+    """What a user writes for several servers: each chat completion to the next server's
+    ``AsyncOpenAI`` client in turn (``client.chat.completions.create`` of the next one)."""
+
+    def __init__(self, clients: list[AsyncOpenAI]) -> None:
+        self._clients = clients
+        self._next = 0
+        self.chat = self.completions = self
+
+    async def create(self, **body: Any) -> Any:
+        client = self._clients[self._next % len(self._clients)]
+        self._next += 1
+        return await client.chat.completions.create(**body)
+
+
 async def run_naive(ctx: dict[str, Any], workload: str, n: int,
-                    ttfts: list[float] | None = None) -> dict[str, Any]:
+                    ttfts: list[float] | None = None, spread: str = "") -> dict[str, Any]:
+    """``spread`` over the pool's servers (``--pool``): ``round_robin`` (every turn to the
+    next server) or ``hash`` (each agent pinned to one server by a hash of its number);
+    "" is the one server (the first)."""
     tally = {"turns": 0, "tool_calls": 0, "agents_calling_tools": 0, "repairs": 0}
-    client = AsyncOpenAI(base_url=ctx["http_url"] + "/v1", api_key="none")
+    urls = (ctx.get("http_urls") or [ctx["http_url"]]) if spread else [ctx["http_url"]]
+    clients = [AsyncOpenAI(base_url=u + "/v1", api_key="none") for u in urls]
+    rr = _RoundRobin(clients)
+
+    def client_for(item: dict[str, Any]) -> Any:
+        if spread == "round_robin":
+            return rr
+        return clients[zlib.crc32(str(item["i"]).encode()) % len(clients)]
+
     try:
         results = await asyncio.gather(
-            *(_naive_agent(client, ctx, workload, item, tally, ttfts)
+            *(_naive_agent(client_for(item), ctx, workload, item, tally, ttfts)
               for item in inputs(workload, n, ctx["run"])), return_exceptions=True)
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
     errors = sorted({f"{type(r).__name__}: {r}"[:160] for r in results
                      if isinstance(r, BaseException)})[:3]
     return {"valid": sum(1 for r in results if r is True), **tally, "tool_calls_shared": 0,
@@ -484,7 +650,17 @@ async def run_batch_agent(ctx: dict[str, Any], workload: str, n: int) -> dict[st
                               for r in results if not r.ok and r.error})[:3]}
 
 
+async def run_naive_round_robin(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    return await run_naive(ctx, workload, n, spread="round_robin")
+
+
+async def run_naive_hash(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    return await run_naive(ctx, workload, n, spread="hash")
+
+
 RUNNERS = {"embedded": run_embedded, "embedded_unpinned": run_embedded_unpinned,
+           "embedded_least_outstanding": run_embedded_least_outstanding,
+           "naive_round_robin": run_naive_round_robin, "naive_hash": run_naive_hash,
            "embedded_unstreamed": run_embedded_unstreamed,
            "distributed": run_distributed, "distributed_uncapped": run_distributed_uncapped,
            "naive": run_naive,
@@ -505,9 +681,11 @@ def percentile(values: list[float], q: float) -> float | None:
 async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> dict[str, Any]:
     timeout = ctx["peer_timeout"] if system == "batch_agent" else ctx["timeout"]
     EXECUTIONS.clear()
-    wait_idle(ctx["http_url"])
+    servers = ctx.get("http_urls") or [ctx["http_url"]]  # several with ``--pool``
+    for url in servers:
+        wait_idle(url)
     fleet = ctx.get("fleet_pids", []) if system.startswith("distributed") else []
-    before = scrape(ctx["http_url"])
+    befores = [scrape(url) for url in servers]
     workers_before = sum(cpu_seconds(p) for p in fleet)
     cpu_before = time.process_time()
     started = time.perf_counter()
@@ -521,8 +699,10 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
                "errors": [f"{type(exc).__name__}: {exc}"[:300]]}
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_before + sum(cpu_seconds(p) for p in fleet) - workers_before
-    after = scrape(ctx["http_url"])
-    delta = {k: after[k] - before[k] for k in after}
+    # each server's own counters, summed over the pool
+    per_server = [{k: after[k] - before[k] for k in after}
+                  for before, after in zip(befores, [scrape(u) for u in servers], strict=True)]
+    delta = {k: sum(d[k] for d in per_server) for k in per_server[0]}
     turns = out.get("turns")
     ttfts = out.pop("ttfts", None)
     if ttfts is not None:
@@ -549,10 +729,22 @@ async def one_run(ctx: dict[str, Any], system: str, workload: str, n: int) -> di
            "client_cpu_s": round(cpu, 3),
            "loadavg_1m_after": round(os.getloadavg()[0], 2),
            "client_cpu_ms_per_turn": round(cpu / turns * 1000, 2) if turns else None}
+    if len(servers) > 1:  # load balance: what each server computed, generated, was busy for
+        busy = [d["prompt_seconds_total"] + d["tokens_predicted_seconds_total"]
+                for d in per_server]
+        row["per_server"] = [
+            {"url": url, "prompt_tokens": int(d["prompt_tokens_total"]),
+             "cached_prompt_tokens": int(d["prompt_tokens_cached_total"]),
+             "generated_tokens": int(d["tokens_predicted_total"]), "busy_s": round(b, 2)}
+            for url, d, b in zip(servers, per_server, busy, strict=True)]
+        # the busiest server's share of the engine time, over an even share (1.0 = balanced)
+        row["busy_max_over_mean"] = (round(max(busy) / (sum(busy) / len(busy)), 3)
+                                     if sum(busy) else None)
     print(json.dumps({k: row[k] for k in ("system", "workload", "agents", "wall_s", "valid",
                                           "turns", "engine_prompt_tokens",
                                           "engine_cached_prompt_tokens",
-                                          "engine_generated_tokens", "client_cpu_s")
+                                          "engine_generated_tokens", "client_cpu_s",
+                                          "busy_max_over_mean", "pool_moves")
                        if k in row} | {k: row[k] for k in ("ttft_p50_s", "ttft_p95_s")
                                        if k in row}),
           flush=True)
@@ -592,9 +784,27 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "engine_prompt_tokens_per_turn_median": median(
                     [r["engine_prompt_tokens_per_turn"] for r in rs]),
             }
+            if any("busy_max_over_mean" in r for r in rs):  # ``--pool``
+                per[system]["busy_max_over_mean_median"] = median(
+                    [r.get("busy_max_over_mean") for r in rs])
+                per[system]["valid_all"] = [r["valid"] for r in rs]
+                per[system]["engine_prompt_tokens_all"] = [r["engine_prompt_tokens"]
+                                                           for r in rs]
+            if any(r.get("pool_moves") for r in rs):
+                per[system]["pool_moves_all"] = [r.get("pool_moves") for r in rs]
             if any("ttft_p50_s" in r for r in rs):
                 per[system]["ttft_p50_s_median"] = median([r.get("ttft_p50_s") for r in rs])
                 per[system]["ttft_p95_s_median"] = median([r.get("ttft_p95_s") for r in rs])
+        rr = per.get("naive_round_robin", {})
+        for s in per.values():
+            if rr:  # ``--pool``: against the naive client that round-robins turns
+                s["wall_ratio_to_naive_round_robin"] = ratio(s["wall_s_median"],
+                                                             rr.get("wall_s_median"))
+                s["prompt_tokens_ratio_to_naive_round_robin"] = ratio(
+                    s["engine_prompt_tokens_median"], rr.get("engine_prompt_tokens_median"))
+            if "naive_hash" in per:
+                s["wall_ratio_to_naive_hash"] = ratio(s["wall_s_median"],
+                                                      per["naive_hash"]["wall_s_median"])
         naive = per.get("naive", {}).get("wall_s_median")
         naive_stream = per.get("naive_stream", {}).get("wall_s_median")
         naive_prompt = per.get("naive", {}).get("engine_prompt_tokens_median")
@@ -637,12 +847,22 @@ async def amain(args: argparse.Namespace,
                        if args.server_cpus else None)
         # --server-defaults: llama.cpp's own slot selection and context size (``-c 0``: the
         # model's, given after LlamaServer's ``-c``, so it wins); --metrics etc. stay on
-        with LlamaServer(parallel=args.parallel, threads=args.threads,
-                         slot_selection=not args.server_defaults, cpus=server_cpus,
-                         extra_args=("-c", "0") if args.server_defaults else ()) as server:
+        pool = _pool_servers(args, LlamaServer) if args.pool > 1 else []
+        first: dict[str, Any] = ({"cpus": (_pool_cpus(args)[0],),
+                                  "ctx_per_slot": args.ctx_per_slot} if pool
+                                 else {"cpus": server_cpus})
+        with contextlib.ExitStack() as stack, LlamaServer(
+                parallel=args.parallel, threads=args.threads,
+                slot_selection=not args.server_defaults, **first,
+                extra_args=("-c", "0") if args.server_defaults else ()) as server:
+            for extra in pool:  # ``--pool N``: N-1 more servers, ``server`` is the first
+                stack.enter_context(extra)
             ctx: dict[str, Any] = {"http_url": server.http_url, "llamacpp_url": server.llamacpp_url,
                                    "max_tokens": args.max_tokens, "timeout": args.timeout,
                                    "peer_timeout": args.peer_timeout, "run": 0}
+            if pool:
+                ctx["http_urls"] = [server.http_url, *(s.http_url for s in pool)]
+                ctx["llamacpp_url"] = [server.llamacpp_url, *(s.llamacpp_url for s in pool)]
             if redis_srv is not None:
                 env = {"AGENTBATCH_WORKER_IMPORTS": WORKER_IMPORTS}
                 fleet = [WorkerProcess(redis_srv.url, queues=q, concurrency=c, name=f"e{i}",
@@ -658,7 +878,8 @@ async def amain(args: argparse.Namespace,
                 # every slot with this workload's system prompt. Otherwise the first system of
                 # the first round alone pays that prefill (measured: 2028 prompt tokens computed
                 # vs 730 for the systems after it, 39 s vs 22-26 s on 40 agents).
-                await run_naive(ctx, workload, args.parallel)
+                if not pool:  # (``--pool``: skipped, see ``pool_report``)
+                    await run_naive(ctx, workload, args.parallel)
                 for rnd in range(rounds):
                     order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
                     for system in order:
@@ -676,12 +897,59 @@ async def amain(args: argparse.Namespace,
                         runs.append(row)
                         save(runs, server.command())
             server_cmd = server.command()
+            if pool:
+                server_cmd = [server_cmd, *(s.command() for s in pool)]
     finally:
         for p in fleet:
             p.stop(timeout=30)
         if redis_srv is not None:
             redis_srv.cleanup()
     return {"runs": runs, "server_command": server_cmd}
+
+
+def _pool_servers(args: argparse.Namespace, server_cls: Any) -> list[Any]:
+    """The pool's servers after the first (``--pool N``), each pinned to its own CPU
+    (``--server-cpus`` lists one per server, default 0, 1, ... wrapping over the machine's),
+    with its own ``-t`` threads and ``--parallel`` slots; the first server is the usual one."""
+    cpus = _pool_cpus(args)
+    return [server_cls(parallel=args.parallel, threads=args.threads,
+                       slot_selection=not args.server_defaults, cpus=(cpus[i],),
+                       ctx_per_slot=args.ctx_per_slot) for i in range(1, args.pool)]
+
+
+def _pool_cpus(args: argparse.Namespace) -> list[int]:
+    if args.server_cpus:
+        return [int(c) for c in args.server_cpus.split(",")]
+    n = os.cpu_count() or 1
+    return [i % n for i in range(args.pool)]
+
+
+def pool_report(runs: list[dict[str, Any]], args: argparse.Namespace,
+                load_at_start: tuple[float, float, float]) -> dict[str, Any]:
+    """``--pool``: the issue 26 ratios (long conversation, agentbatch embedded against the
+    naive clients; ratios of the medians over the rounds) and what the pool was."""
+    summary = summarise(runs)
+    long = next((v for k, v in summary.items() if k.startswith("longconv_")), {})
+    emb = long.get("embedded", {})
+    return {
+        "benchmark": "engine_pool",
+        # No untimed warm-up run: on the long conversation it cost minutes on this loaded
+        # machine; agentbatch warms every server at submit as always, the naive clients do not,
+        # and the first system of round 0 meets servers with nothing cached.
+        "warm_up": "none (the starting system rotates each round)",
+        "pool": {"servers": args.pool, "threads_per_server": args.threads,
+                 "server_cpus": _pool_cpus(args), "parallel_slots_per_server": args.parallel,
+                 "ctx_per_slot": args.ctx_per_slot,
+                 "long_conversation": {"pages": PAGES, "page_chars": len(page_text(1)),
+                                       "max_turns": MAX_TURNS_L},
+                 "loadavg_at_start": load_at_start, "loadavg_at_end": os.getloadavg()},
+        "ratios": {
+            "embedded_wall_over_naive_round_robin": emb.get("wall_ratio_to_naive_round_robin"),
+            "embedded_prompt_tokens_over_naive_round_robin": emb.get(
+                "prompt_tokens_ratio_to_naive_round_robin"),
+            "embedded_wall_over_naive_hash": emb.get("wall_ratio_to_naive_hash"),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -707,9 +975,17 @@ def main(argv: list[str] | None = None) -> int:
                         "similarity), not agentbatch's --slot-prompt-similarity 0")
     p.add_argument("--server-cpus", default="", help="pin llama-server to these CPUs (0,1)")
     p.add_argument("--client-cpus", default="", help="pin this process to these CPUs")
+    p.add_argument("--pool", type=int, default=0,
+                   help="issue 26 pool mode: start this many llama-servers (each pinned to "
+                        "its own CPU, one per --server-cpus entry) and pass backend=[urls]; "
+                        "default systems " + ",".join(POOL_DEFAULT_SYSTEMS))
+    p.add_argument("--ctx-per-slot", type=int, default=4096,
+                   help="context per slot with --pool (the long conversation needs ~3k)")
     p.add_argument("--timeout", type=float, default=240.0, help="per run, seconds")
     p.add_argument("--json", default="benchmarks/results/engine.json")
     args = p.parse_args(argv)
+    if args.pool > 1 and args.systems == ",".join(SYSTEMS):
+        args.systems = ",".join(POOL_DEFAULT_SYSTEMS)
     # SIGTERM as SystemExit, so the ``finally`` blocks stop the workers and redis-server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
@@ -743,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
             "total_s": round(time.perf_counter() - started, 1),
             "summary": summarise(runs),
             "runs": runs,
-        }
+        } | (pool_report(runs, args, load_at_start) if args.pool > 1 else {})
 
     out = asyncio.run(amain(args, lambda runs, cmd: write_json(Path(args.json),
                                                                report(runs, cmd, False))))

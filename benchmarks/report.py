@@ -559,7 +559,58 @@ def render_hedge(data: dict[str, Any]) -> str:
     return "\n".join([head, "", tbl, "", line, "", _machine_line(data)])
 
 
-RENDERERS = {"embedded": render_embedded, "http_clients": render_http_clients,
+def render_engine_pool(data: dict[str, Any]) -> str:
+    """bench_engine.py ``--pool``: a pool of llama-servers, agentbatch against naive clients
+    that round-robin turns or pin agents by hash (issue 26), medians per workload."""
+    pool, s = data.get("pool", {}), data.get("settings", {})
+    load0, load1 = pool.get("loadavg_at_start"), pool.get("loadavg_at_end")
+    parts = [f"### A pool of {pool.get('servers')} llama-servers (SmolLM2-135M Q4_1, "
+             f"`-t {pool.get('threads_per_server')}` each on its own CPU "
+             f"{pool.get('server_cpus')}, {pool.get('parallel_slots_per_server')} slots each, "
+             f"max_tokens {s.get('max_tokens')}, temperature 0)", "", _machine_line(data), "",
+             f"`{data.get('command', '')}` (total {fmt(data.get('total_s'), 0)} s; load "
+             f"averages at start {load0}, at end {load1})", ""]
+    if data.get("complete") is False:
+        parts += ["_Partial: the run was stopped before its last round._", ""]
+    lc = pool.get("long_conversation", {})
+    parts += ["Prompt tokens are each server's own `/metrics` counters, summed over the pool. "
+              "Busiest / mean is the busiest server's engine seconds (prompt + generating) over "
+              "the pool's mean (1.00 = even). Moves are agentbatch embedded's turns routed off "
+              "their agent's home server (`handle.stats()[\"pool\"][\"moves\"]`), per run. "
+              f"`longconv`: every agent reads a {lc.get('pages')}-page manual one page "
+              f"(~{lc.get('page_chars')} characters) per turn, then answers.", ""]
+    for wl, per in data.get("summary", {}).items():
+        rows = [[name + (" (cut off)" if v.get("timed_out_runs") else ""), f"{v['runs']}",
+                 fmt(v["wall_s_median"]),
+                 ", ".join(fmt(w, 1) for w in v.get("wall_s_all", [])),
+                 fmt(v["valid_median"], 0), fmt(v.get("turns_median"), 0),
+                 fmt(v["engine_prompt_tokens_median"], 0),
+                 fmt(v["engine_cached_prompt_tokens_median"], 0),
+                 fmt(v.get("busy_max_over_mean_median")),
+                 "; ".join(f"{m['load']}/{m['failover']}" for m in v.get("pool_moves_all", [])
+                           if m) or "-",
+                 fmt(v.get("wall_ratio_to_naive_round_robin")),
+                 fmt(v.get("prompt_tokens_ratio_to_naive_round_robin")),
+                 fmt(v.get("wall_ratio_to_naive_hash"))]
+                for name, v in per.items()]
+        parts += [f"**{wl}** (medians)", "",
+                  table(["system", "runs", "wall s", "walls s", "valid", "turns",
+                         "prompt tok computed", "cached tok", "busiest / mean",
+                         "moves load/failover", "wall / round-robin",
+                         "prompt tok / round-robin", "wall / hash"], rows), ""]
+    r = data.get("ratios", {})
+    parts += [f"Long conversation, agentbatch embedded (targets in issue 26): wall "
+              f"{fmt(r.get('embedded_wall_over_naive_round_robin'))}x round-robin's (target "
+              f"<= 0.6), prompt tokens computed "
+              f"{fmt(r.get('embedded_prompt_tokens_over_naive_round_robin'))}x (target <= 0.5), "
+              f"wall {fmt(r.get('embedded_wall_over_naive_hash'))}x hash-pinned's (target < 1)."]
+    if data.get("ratios_caveat"):
+        parts += ["", f"_{data['ratios_caveat']}_"]
+    return "\n".join(parts).rstrip()
+
+
+RENDERERS = {"embedded": render_embedded, "engine_pool": render_engine_pool,
+             "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
              "chaos": render_chaos, "memory_soak": render_memory,
              "recovery_default": render_recovery, "rate_limit": render_rate_limit,
