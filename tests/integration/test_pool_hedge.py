@@ -23,13 +23,12 @@ from agentbatch import run_batch, submit_batch, tool
 from agentbatch.backends.hedge import Attempt, Hedger
 from agentbatch.core.errors import BackendUnavailable, BatchSpecError
 from agentbatch.core.model_io import ModelResponse, Usage
-from agentbatch.sim import SimConfig
-from agentbatch.sim.process import SimProcess, free_port
+from agentbatch.sim.process import SimProcess
+from tests.support.sim_pool import slow_pool
 from tests.support.tools import Answer
 
 AGENTS = 45  # ~30 homed on the fast servers: an endpoint reaches 20 answers (the p95)
 TOOL_CALLS = 2  # so each agent takes three model turns
-SLOW_MS = 3000.0  # orders of magnitude past the fast servers' p95, however loaded the box
 
 
 @tool
@@ -62,15 +61,8 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 90) ->
 @pytest.fixture
 def pool() -> Iterator[tuple[list[SimProcess], SimProcess]]:
     """Three simulators: two fast, one slow (the last)."""
-    procs = [SimProcess(SimConfig(fixed_ms=5, port=free_port())) for _ in range(2)]
-    procs.append(SimProcess(SimConfig(fixed_ms=SLOW_MS, port=free_port())))
-    try:
-        for p in procs:
-            p.start()
-        yield procs, procs[-1]
-    finally:
-        for p in procs:
-            p.stop()
+    with slow_pool() as procs:
+        yield procs
 
 
 def unanswered(sim: SimProcess) -> int:
@@ -108,7 +100,8 @@ def test_slow_endpoint_turns_are_hedged_answered_elsewhere_applied_once_loser_ca
 
     # The losers on the slow server were really cancelled: once it has nothing running, it
     # has requests it never answered (the client closed them); a loser left to run would
-    # have been answered after its SLOW_MS. Nothing else disconnects in this batch.
+    # have been answered after SLOW_MS (tests/support/sim_pool.py). Nothing else disconnects
+    # in this batch.
     wait_until(lambda: stats(slow)["running"] == 0, "the slow server to hold no request")
     assert unanswered(slow) >= 1
     assert sum(unanswered(s) for s in sims) <= hedge["hedges"]

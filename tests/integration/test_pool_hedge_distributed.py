@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from agentbatch import submit_batch
-from agentbatch.sim import SimConfig
-from agentbatch.sim.process import SimProcess, free_port
-from tests.integration.test_pool_hedge import SLOW_MS, stats, unanswered, wait_until
+from agentbatch.sim.process import SimProcess
+from tests.integration.test_pool_hedge import stats, unanswered, wait_until
+from tests.support.sim_pool import slow_pool
 from tests.support.tools import Answer, lookup
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -34,15 +34,8 @@ WAIT_S = 300.0
 @pytest.fixture
 def pool() -> Iterator[tuple[list[SimProcess], SimProcess]]:
     """Three simulator processes: two fast, one slow (the last)."""
-    procs = [SimProcess(SimConfig(fixed_ms=5, port=free_port())) for _ in range(2)]
-    procs.append(SimProcess(SimConfig(fixed_ms=SLOW_MS, port=free_port())))
-    try:
-        for p in procs:
-            p.start()
-        yield procs, procs[-1]
-    finally:
-        for p in procs:
-            p.stop()
+    with slow_pool() as procs:
+        yield procs
 
 
 def _chat_requests(sims: list[SimProcess]) -> int:
