@@ -16,14 +16,23 @@ whose batch latency is all queueing would gain nothing from it (and lose nothing
 
 ``"auto"`` (``route``): a turn goes to the batch API while the agent's projected finish --
 this turn at the ``ROUTE_Q`` (p90) batch latency, its remaining turns at the sync latency --
-stays inside the deadline; else to the sync API. The quantiles count the provider batches
-still open as censored at their age (``Latencies``): the first to end are the fast ones. The
-sync latency is measured, not assumed: the first turn ``"auto"`` routes goes to the sync API
-(a probe; ``PRIOR_SYNC_S`` stands in until it answers). At the batch's tail (at most
-``TAIL_SHARE`` of its agents still running) an agent's last estimated turn goes to the sync
-API: nobody waits a batch round for it. Known gap: the sync estimate is one request's
-latency, so many turns sent to the sync API at once (a tight deadline, hedges together at
-the deadline point) queue and can finish past the deadline on a loaded machine.
+stays inside the deadline, or while the sync API would not finish the turn sooner (a sync
+path backed up past a batch round gains the deadline nothing); else to the sync API. The
+quantiles count the provider batches still open as censored at their age (``Latencies``):
+the first to end are the fast ones. The sync latency is measured, not assumed: the first turn
+``"auto"`` routes goes to the sync API (a probe; ``PRIOR_SYNC_S`` stands in until it
+answers). At the batch's tail (at most ``TAIL_SHARE`` of its agents still running) an agent's
+last estimated turn goes to the sync API: nobody waits a batch round for it.
+
+A sync turn is not one request's latency when many are sent at once: they queue (inference
+slots, the client's in-flight cap, the server). So a sync turn is estimated from the sync
+path's backlog -- turns routed to it not yet answered, plus, for a hedge, the batch turns
+waiting that would hedge with it -- divided by its observed throughput (``SyncThroughput``:
+turns answered per second while it was busy, decayed over ``RATE_TAU_S`` busy seconds, with a
+prior of one request at a time at the measured latency). bench_cost.py at 1.1x the all-batch
+wall, at load 28: turns routed and hedged at the one-request estimate (~50 ms) left 827 of
+1,000 agents past a deadline the all-batch run met. A turn routed to the sync API but refused
+before its request (a budget cap) stays counted: the estimate errs late, the safe side.
 
 Hedging (``complete``): with a deadline, a turn still waiting when its remaining turns would
 only just fit before the deadline on the sync API is sent to the sync API as well (earlier
@@ -43,6 +52,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterable
@@ -79,6 +89,47 @@ CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
 ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
+RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
+PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
+
+
+@dataclass
+class SyncThroughput:
+    """How fast the sync path answers turns when many are sent: answered turns per second of
+    busy time (some turn routed to it unanswered), both decayed over ``RATE_TAU_S``.
+
+    Before much is seen, ``PRIOR_TURNS`` pseudo-turns answered one at a time at the single
+    request latency dominate: conservative (a sync path's concurrency is at least one), so a
+    backlog is never assumed to drain faster than it has been seen to. Idle time forgets
+    nothing (the batch rounds between bursts of sync turns would reset it to the prior)."""
+
+    backlog: int = 0  # turns routed to or racing on the sync path, not yet answered
+    done: float = 0.0
+    busy_s: float = 0.0
+    at: float = field(default_factory=time.monotonic)
+
+    def _advance(self, now: float) -> None:
+        dt = max(now - self.at, 0.0)
+        if self.backlog > 0:  # forgets over busy time: a quiet spell keeps what was learned
+            decay = math.exp(-dt / RATE_TAU_S)
+            self.done *= decay
+            self.busy_s = self.busy_s * decay + dt
+        self.at = now
+
+    def joined(self) -> None:
+        self._advance(time.monotonic())
+        self.backlog += 1
+
+    def left(self, answered: bool) -> None:
+        self._advance(time.monotonic())
+        self.backlog = max(self.backlog - 1, 0)
+        if answered:
+            self.done += 1.0
+
+    def rate(self, latency: float) -> float:
+        """Turns per second, ``latency`` being one request's (the prior's pace)."""
+        self._advance(time.monotonic())
+        return (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * max(latency, 1e-3))
 
 
 @dataclass
@@ -151,6 +202,8 @@ class ProviderBatchTurns:
         self.total = total
         self.batch_latency = Latencies()
         self.sync_latency = Latencies()
+        self.sync_path = SyncThroughput()
+        self._routed_sync = 0  # routed to the sync API, its request not yet started
         self.stats: Counter[str] = Counter()
         self._pending: list[tuple[str, ModelRequest]] = []
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}
@@ -185,9 +238,23 @@ class ProviderBatchTurns:
         self._quantiles[key] = (now, value)
         return value
 
-    def sync_estimate(self) -> float:
+    def sync_estimate(self, ahead: int | None = None) -> float:
+        """Seconds per sync turn with ``ahead`` turns before it on the sync path (default:
+        its backlog): one request's p90 latency, or the backlog over the observed
+        throughput when that is longer (queued turns finish late)."""
         seen = self.sync_latency.quantile(0.9)
-        return PRIOR_SYNC_S if seen is None else seen
+        latency = PRIOR_SYNC_S if seen is None else seen
+        if ahead is None:
+            ahead = self.sync_path.backlog
+        median = self.sync_latency.quantile(0.5)
+        rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
+        return max(latency, (ahead + 1) / rate)
+
+    def _to_sync(self, why: str) -> Route:
+        self.stats[why] += 1
+        self._routed_sync += 1
+        self.sync_path.joined()  # in the backlog from now: it queues for a slot
+        return "sync"
 
     def route(self, turns_left: float, live: int) -> Route:
         """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
@@ -195,17 +262,16 @@ class ProviderBatchTurns:
             return "batch"
         if not self._probed and not self.sync_latency.samples:
             self._probed = True  # one turn at list price buys the sync latency for routing
-            self.stats["routed_sync_probe"] += 1
-            return "sync"
+            return self._to_sync("routed_sync_probe")
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
-            self.stats["routed_sync_tail"] += 1
-            return "sync"
+            return self._to_sync("routed_sync_tail")
         batch = self.batch_estimate(ROUTE_Q) or 0.0
-        finish = (time.monotonic() + batch + (turns_left - 1) * self.sync_estimate()
-                  + SAFETY_S)
+        per_sync = self.sync_estimate()  # behind the sync path's backlog
+        finish = time.monotonic() + batch + (turns_left - 1) * per_sync + SAFETY_S
+        if finish > self.deadline and (batch == 0.0 or per_sync < batch):
+            return self._to_sync("routed_sync_deadline")
         if finish > self.deadline:
-            self.stats["routed_sync_deadline"] += 1
-            return "sync"
+            self.stats["kept_batch_sync_backed_up"] += 1
         return "batch"
 
     def _hedge_at(self, submitted: float, turns_left: float,
@@ -223,16 +289,33 @@ class ProviderBatchTurns:
             p90 = self._quantile(0.9, SIMILAR * size)
             if p90 is not None and len(similar) >= MIN_SAMPLES:
                 times.append(submitted + p90)
-        if self.deadline is not None:
-            times.append(self.deadline - turns_left * self.sync_estimate() - SAFETY_S)
+        if self.deadline is not None:  # the batch turns waiting would hedge with it
+            waiting = max(len(self._futures) - 1, 0)
+            ahead = self.sync_path.backlog + waiting
+            times.append(self.deadline - self.sync_estimate(ahead)
+                         - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
         return min(times, default=None)
 
     # --- the two paths ---------------------------------------------------------------------
 
     async def sync(self, request: ModelRequest) -> ModelResponse:
-        """One turn through the sync API, its latency observed."""
+        """One turn routed to the sync API (``route``), its latency observed."""
+        if self._routed_sync > 0:  # it joined the backlog when routed
+            self._routed_sync -= 1
+            return await self._sync(request, joined=True)
+        return await self._sync(request)
+
+    async def _sync(self, request: ModelRequest, *, joined: bool = False) -> ModelResponse:
+        """One request to the sync API; its latency and the sync path's throughput observed."""
+        if not joined:
+            self.sync_path.joined()
+        answered = False
         started = time.monotonic()
-        response = await self.backend.complete(request)
+        try:
+            response = await self.backend.complete(request)
+            answered = True
+        finally:
+            self.sync_path.left(answered)
         self.sync_latency.add(time.monotonic() - started)
         return response
 
@@ -264,7 +347,7 @@ class ProviderBatchTurns:
     async def _hedge(self, cid: str, request: ModelRequest,
                      future: asyncio.Future[ItemResult]) -> tuple[ModelResponse, bool]:
         self.stats["hedged"] += 1
-        sync = asyncio.ensure_future(self.sync(request))
+        sync = asyncio.ensure_future(self._sync(request))
         try:
             racing: set[asyncio.Future[Any]] = {future, sync}
             await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
@@ -293,7 +376,7 @@ class ProviderBatchTurns:
             self.stats["fallback_sync"] += 1
             log.warning("a provider batch turn came back %s (%s): sent to the sync API",
                         error.kind, error.message)
-            response = await self.sync(request)
+            response = await self._sync(request)
             self.stats["served_sync"] += 1
             return response, False
         why = "" if not error.retryable else "; the deadline left no time for the sync API"
