@@ -14,33 +14,11 @@ slow request holds only its own batch, and agents move on independently. This as
 provider finishes a small batch sooner than a big one, as the simulator does; a provider
 whose batch latency is all queueing would gain nothing from it (and lose nothing but polls).
 
-``"auto"`` (``route``): a turn goes to the batch API while the agent's projected finish --
-this turn at the ``ROUTE_Q`` (p90) batch latency, its remaining turns at the sync latency --
-stays inside the deadline, or while the sync API would not finish the turn sooner (a sync
-path backed up past a batch round gains the deadline nothing); else to the sync API. The
-quantiles count the provider batches still open as censored at their age (``Latencies``):
-the first to end are the fast ones. The sync latency is measured, not assumed: the first turn
-``"auto"`` routes goes to the sync API (a probe; ``PRIOR_SYNC_S`` stands in until it
-answers). At the batch's tail (at most ``TAIL_SHARE`` of its agents still running) an agent's
-last estimated turn goes to the sync API: nobody waits a batch round for it.
-
-A sync turn is not one request's latency when many are sent at once: they queue (inference
-slots, the client's in-flight cap, the server). So a sync turn is estimated from the sync
-path's backlog -- turns routed to it not yet answered, plus, for a hedge, the batch turns
-waiting that would hedge with it -- divided by its observed throughput (``SyncThroughput``:
-turns answered per second while it was busy, decayed over ``RATE_TAU_S`` busy seconds, with a
-prior of one request at a time at the measured latency). bench_cost.py at 1.1x the all-batch
-wall, at load 28: turns routed and hedged at the one-request estimate (~50 ms) left 827 of
-1,000 agents past a deadline the all-batch run met. A turn routed to the sync API but refused
-before its request (a budget cap) stays counted: the estimate errs late, the safe side.
-
-Hedging (``complete``): with a deadline, a turn still waiting when its remaining turns would
-only just fit before the deadline on the sync API is sent to the sync API as well (earlier
-would pay the sync price for nothing the deadline needs). Without one, a turn is hedged
-past the observed p90 latency of provider batches of a similar size (a batch ends with its
-slowest request). The first answer is returned, so it is committed once; the loser is
-cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch none of
-whose turns is still waited on is cancelled.
+``"auto"`` routing and the hedge time are ``batch_routing.Router``'s (shared with the
+distributed engine). Hedging (``complete``): a turn still waiting at the router's hedge time
+is sent to the sync API as well. The first answer is returned, so it is committed once; the
+loser is cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch
+none of whose turns is still waited on is cancelled.
 
 A turn whose provider batch failed or expired goes to the sync API while the deadline
 allows, logged; else it fails with an error that says so.
@@ -52,11 +30,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import time
-from collections import Counter
-from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbatch.backends.base import Backend
@@ -69,11 +45,19 @@ from agentbatch.core.errors import (
     ServerError,
 )
 from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.turnloop.batch_routing import (
+    SAFETY_S,
+    WINDOW_S,
+    Latencies,
+    Route,
+    Router,
+    SyncThroughput,
+)
 
 log = logging.getLogger(__name__)
 
-Route = Literal["sync", "batch"]
-WINDOW_S = 0.25  # turns ready this close together share one provider batch
+__all__ = ["MAX_ITEMS", "SAFETY_S", "WINDOW_S", "ProviderBatchTurns"]
+
 MAX_ITEMS = 8  # turns per provider batch: a slow request holds only these few
 HTTP_AT_ONCE = 4  # batch API calls in flight (submits, polls): self-clocked by the server
 POLL_S = 0.25  # a first poll backing off 1.5x to MAX_POLL_S (the distributed engine's)
@@ -82,97 +66,6 @@ WATCH_MIN_S = 0.5  # here a provider batch is polled every POLL_SHARE of its age
 POLL_SHARE = 0.1  # WATCH_MIN_S..WATCH_MAX_S: an answer is seen at most ~10% late, and a
 WATCH_MAX_S = 30.0  # long batch is not polled often
 MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
-PRIOR_SYNC_S = 5.0  # a sync turn's latency until the first (the probe) has answered
-SAFETY_S = 2.0  # kept free before the deadline
-MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
-CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
-SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
-TAIL_SHARE = 0.1
-ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
-RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
-PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
-
-
-@dataclass
-class SyncThroughput:
-    """How fast the sync path answers turns when many are sent: answered turns per second of
-    busy time (some turn routed to it unanswered), both decayed over ``RATE_TAU_S``.
-
-    Before much is seen, ``PRIOR_TURNS`` pseudo-turns answered one at a time at the single
-    request latency dominate: conservative (a sync path's concurrency is at least one), so a
-    backlog is never assumed to drain faster than it has been seen to. Idle time forgets
-    nothing (the batch rounds between bursts of sync turns would reset it to the prior)."""
-
-    backlog: int = 0  # turns routed to or racing on the sync path, not yet answered
-    done: float = 0.0
-    busy_s: float = 0.0
-    at: float = field(default_factory=time.monotonic)
-
-    def _advance(self, now: float) -> None:
-        dt = max(now - self.at, 0.0)
-        if self.backlog > 0:  # forgets over busy time: a quiet spell keeps what was learned
-            decay = math.exp(-dt / RATE_TAU_S)
-            self.done *= decay
-            self.busy_s = self.busy_s * decay + dt
-        self.at = now
-
-    def joined(self) -> None:
-        self._advance(time.monotonic())
-        self.backlog += 1
-
-    def left(self, answered: bool) -> None:
-        self._advance(time.monotonic())
-        self.backlog = max(self.backlog - 1, 0)
-        if answered:
-            self.done += 1.0
-
-    def rate(self, latency: float) -> float:
-        """Turns per second, ``latency`` being one request's (the prior's pace)."""
-        self._advance(time.monotonic())
-        return (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * max(latency, 1e-3))
-
-
-@dataclass
-class Latencies:
-    """Observed seconds, each with the number of turns it was measured over (a provider batch
-    ends with its slowest request, so a big one takes longer than a small one).
-
-    Quantiles count the batches still open (``running``: their ages, with their sizes) as
-    censored, Kaplan-Meier style: the batches that end first are the fast ones, so the
-    quantile of the ended ones alone is too low (with 125 batches out at once, the p90 of the
-    first three to end hedged every other one). A quantile the ended batches cannot reach yet
-    is None, or with ``bound`` the oldest age seen: a lower bound."""
-
-    samples: list[float] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-
-    def add(self, seconds: float, size: int = 1) -> None:
-        self.samples.append(seconds)
-        self.sizes.append(size)
-        if len(self.samples) > 2000:
-            del self.samples[:1000]
-            del self.sizes[:1000]
-
-    def of_size(self, at_least: float) -> list[float]:
-        """The samples measured over at least ``at_least`` turns."""
-        return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
-
-    def quantile(self, q: float, at_least: float = 0,
-                 running: Iterable[tuple[float, int]] = (), *,
-                 bound: bool = False) -> float | None:
-        ended = self.of_size(at_least)
-        ages = [age for age, n in running if n >= at_least]
-        if not ended and not ages:
-            return None
-        events = sorted([(t, True) for t in ended] + [(t, False) for t in ages])
-        at_risk, surviving = len(events), 1.0
-        for t, done in events:  # ties: an end before a censoring at the same age
-            if done:
-                surviving *= 1.0 - 1.0 / at_risk
-                if surviving <= 1.0 - q + 1e-12:
-                    return t
-            at_risk -= 1
-        return events[-1][0] if bound else None
 
 
 @dataclass
@@ -198,13 +91,9 @@ class ProviderBatchTurns:
         self.client = client
         self.backend = backend
         self.mode = mode
-        self.deadline = deadline  # time.monotonic()
         self.total = total
-        self.batch_latency = Latencies()
-        self.sync_latency = Latencies()
-        self.sync_path = SyncThroughput()
-        self._routed_sync = 0  # routed to the sync API, its request not yet started
-        self.stats: Counter[str] = Counter()
+        self.router = Router(mode, deadline, total, running=self._running)  # monotonic
+        self.stats = self.router.stats  # what routing and the batches did, one counter
         self._pending: list[tuple[str, ModelRequest]] = []
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}
         self._owner: dict[str, _Open] = {}
@@ -212,112 +101,63 @@ class ProviderBatchTurns:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._ids = itertools.count()
-        self._probed = False  # "auto": the first routed turn measures the sync latency
         self._http = asyncio.Semaphore(HTTP_AT_ONCE)  # many small batches: bounded calls
-        self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
 
-    # --- routing ---------------------------------------------------------------------------
+    # --- routing (batch_routing.Router) ------------------------------------------------------
+
+    @property
+    def deadline(self) -> float | None:
+        """The batch's deadline, ``time.monotonic()``."""
+        return self.router.deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self.router.deadline = value
+
+    @property
+    def batch_latency(self) -> Latencies:
+        return self.router.batch_latency
+
+    @property
+    def sync_latency(self) -> Latencies:
+        return self.router.sync_latency
+
+    @property
+    def sync_path(self) -> SyncThroughput:
+        return self.router.sync_path
+
+    def _running(self) -> list[tuple[float, int]]:
+        now = time.monotonic()
+        return [(now - o.submitted, o.size) for o in self._open.values()]
 
     def batch_estimate(self, q: float = 0.9) -> float | None:
-        """Seconds a provider batch takes (window included): the ``q`` quantile of the ended
-        ones, the open ones censored at their age; before it is known, the oldest age seen
-        (a lower bound)."""
-        seen = self._quantile(q, 0, bound=True)
-        return None if seen is None else seen + WINDOW_S
-
-    def _quantile(self, q: float, at_least: float, *, bound: bool = False) -> float | None:
-        """``batch_latency``'s quantile with the open batches censored, reused for
-        ``CACHE_S`` (each waiting turn asks about once a second)."""
-        now = time.monotonic()
-        key = (q, at_least, bound)
-        hit = self._quantiles.get(key)
-        if hit is not None and now - hit[0] < CACHE_S:
-            return hit[1]
-        running = [(now - o.submitted, o.size) for o in self._open.values()]
-        value = self.batch_latency.quantile(q, at_least, running, bound=bound)
-        self._quantiles[key] = (now, value)
-        return value
+        return self.router.batch_estimate(q)
 
     def sync_estimate(self, ahead: int | None = None) -> float:
-        """Seconds per sync turn with ``ahead`` turns before it on the sync path (default:
-        its backlog): one request's p90 latency, or the backlog over the observed
-        throughput when that is longer (queued turns finish late)."""
-        seen = self.sync_latency.quantile(0.9)
-        latency = PRIOR_SYNC_S if seen is None else seen
-        if ahead is None:
-            ahead = self.sync_path.backlog
-        median = self.sync_latency.quantile(0.5)
-        rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
-        return max(latency, (ahead + 1) / rate)
-
-    def _to_sync(self, why: str) -> Route:
-        self.stats[why] += 1
-        self._routed_sync += 1
-        self.sync_path.joined()  # in the backlog from now: it queues for a slot
-        return "sync"
+        return self.router.sync_estimate(ahead)
 
     def route(self, turns_left: float, live: int) -> Route:
         """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
-        if self.mode == "batch" or self.deadline is None:
-            return "batch"
-        if not self._probed and not self.sync_latency.samples:
-            self._probed = True  # one turn at list price buys the sync latency for routing
-            return self._to_sync("routed_sync_probe")
-        if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
-            return self._to_sync("routed_sync_tail")
-        batch = self.batch_estimate(ROUTE_Q) or 0.0
-        per_sync = self.sync_estimate()  # behind the sync path's backlog
-        finish = time.monotonic() + batch + (turns_left - 1) * per_sync + SAFETY_S
-        if finish > self.deadline and (batch == 0.0 or per_sync < batch):
-            return self._to_sync("routed_sync_deadline")
-        if finish > self.deadline:
-            self.stats["kept_batch_sync_backed_up"] += 1
-        return "batch"
+        return self.router.route(turns_left, live)
 
     def _hedge_at(self, submitted: float, turns_left: float,
                   size: int | None) -> float | None:
-        """When a waiting batch turn should race the sync API (None: not yet known).
-
-        With a deadline: when its remaining turns would only just fit on the sync API.
-        Without one: past the p90 of provider batches at least ``SIMILAR`` times the size of
-        the turn's own (``size``; None while it is not submitted): a batch ends with its
-        slowest request, so the p90 of small batches would hedge a big one still on course,
-        every turn of it at the sync price."""
-        times = []
-        if size is not None and self.deadline is None:
-            similar = self.batch_latency.of_size(SIMILAR * size)
-            p90 = self._quantile(0.9, SIMILAR * size)
-            if p90 is not None and len(similar) >= MIN_SAMPLES:
-                times.append(submitted + p90)
-        if self.deadline is not None:  # the batch turns waiting would hedge with it
-            waiting = max(len(self._futures) - 1, 0)
-            ahead = self.sync_path.backlog + waiting
-            times.append(self.deadline - self.sync_estimate(ahead)
-                         - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
-        return min(times, default=None)
+        """When a waiting batch turn should race the sync API (``Router.hedge_at``; the
+        other batch turns waiting would hedge with it)."""
+        return self.router.hedge_at(submitted, turns_left, size,
+                                    waiting=len(self._futures) - 1)
 
     # --- the two paths ---------------------------------------------------------------------
 
     async def sync(self, request: ModelRequest) -> ModelResponse:
         """One turn routed to the sync API (``route``), its latency observed."""
-        if self._routed_sync > 0:  # it joined the backlog when routed
-            self._routed_sync -= 1
-            return await self._sync(request, joined=True)
-        return await self._sync(request)
+        with self.router.timed_sync(routed=True):
+            return await self.backend.complete(request)
 
-    async def _sync(self, request: ModelRequest, *, joined: bool = False) -> ModelResponse:
+    async def _sync(self, request: ModelRequest) -> ModelResponse:
         """One request to the sync API; its latency and the sync path's throughput observed."""
-        if not joined:
-            self.sync_path.joined()
-        answered = False
-        started = time.monotonic()
-        try:
-            response = await self.backend.complete(request)
-            answered = True
-        finally:
-            self.sync_path.left(answered)
-        self.sync_latency.add(time.monotonic() - started)
-        return response
+        with self.router.timed_sync():
+            return await self.backend.complete(request)
 
     async def complete(self, request: ModelRequest, turns_left: float) -> tuple[ModelResponse,
                                                                                   bool]:
@@ -371,8 +211,7 @@ class ProviderBatchTurns:
             self.stats["served_batch"] += 1
             return item.response, True
         error = item.error or ItemError("missing", "no result")
-        allowed = self.deadline is None or time.monotonic() < self.deadline - SAFETY_S
-        if error.retryable and allowed:
+        if error.retryable and self.router.allows_sync():
             self.stats["fallback_sync"] += 1
             log.warning("a provider batch turn came back %s (%s): sent to the sync API",
                         error.kind, error.message)

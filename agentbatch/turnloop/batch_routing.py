@@ -1,0 +1,275 @@
+"""Where a turn goes under ``pricing="batch"`` / ``"auto"``, and when a waiting batch turn
+races the sync API: the estimates and decisions both engines share (``Router``).
+
+The embedded engine (``batch_turns.py``) keeps one router per batch; the distributed engine
+(``distributed/provider_batches.py``) one per batch per worker process, so each worker routes
+on the latencies it observed itself (like ``hedge_after``'s per-worker p95s), with the agent's
+turns and the batch's live count read from the state and meta it already has.
+
+``route``: a turn goes to the batch API while the agent's projected finish -- this turn at
+the ``ROUTE_Q`` (p90) batch latency, its remaining turns at the sync latency -- stays inside
+the deadline, or while the sync API would not finish the turn sooner (a sync path backed up
+past a batch round gains the deadline nothing); else to the sync API. The quantiles count
+the provider batches still open as censored at their age (``Latencies``): the first to end
+are the fast ones. The sync latency is measured, not assumed: the first turn ``"auto"``
+routes goes to the sync API (a probe; ``PRIOR_SYNC_S`` stands in until it answers). At the
+batch's tail (at most ``TAIL_SHARE`` of its agents still running) an agent's last estimated
+turn goes to the sync API: nobody waits a batch round for it.
+
+A sync turn is not one request's latency when many are sent at once: they queue (inference
+slots, the client's in-flight cap, the server). So a sync turn is estimated from the sync
+path's backlog -- turns routed to it not yet answered, plus, for a hedge, the batch turns
+waiting that would hedge with it -- divided by its observed throughput (``SyncThroughput``).
+bench_cost.py at 1.1x the all-batch wall, at load 28: turns routed and hedged at the
+one-request estimate (~50 ms) left 827 of 1,000 agents past a deadline the all-batch run met.
+
+``hedge_at``: with a deadline, a waiting turn races the sync API when its remaining turns
+would only just fit before the deadline on the sync API (earlier would pay the sync price for
+nothing the deadline needs). Without one, past the observed p90 latency of provider batches
+of a similar size (a batch ends with its slowest request).
+
+Times: ``clock`` is the router's (the embedded engine's ``time.monotonic``, the distributed
+engine's Redis clock, in which the plan carries the deadline); every absolute time given to
+or returned by a router is in it. Durations (latencies) are measured with ``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+Route = Literal["sync", "batch"]
+WINDOW_S = 0.25  # turns ready this close together share one provider batch
+PRIOR_SYNC_S = 5.0  # a sync turn's latency until the first (the probe) has answered
+SAFETY_S = 2.0  # kept free before the deadline
+MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
+CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
+SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
+TAIL_SHARE = 0.1
+ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
+RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
+PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
+
+
+@dataclass
+class SyncThroughput:
+    """How fast the sync path answers turns when many are sent: answered turns per second of
+    busy time (some turn routed to it unanswered), both decayed over ``RATE_TAU_S``.
+
+    Before much is seen, ``PRIOR_TURNS`` pseudo-turns answered one at a time at the single
+    request latency dominate: conservative (a sync path's concurrency is at least one), so a
+    backlog is never assumed to drain faster than it has been seen to. Idle time forgets
+    nothing (the batch rounds between bursts of sync turns would reset it to the prior)."""
+
+    backlog: int = 0  # turns routed to or racing on the sync path, not yet answered
+    done: float = 0.0
+    busy_s: float = 0.0
+    at: float = field(default_factory=time.monotonic)
+
+    def _advance(self, now: float) -> None:
+        dt = max(now - self.at, 0.0)
+        if self.backlog > 0:  # forgets over busy time: a quiet spell keeps what was learned
+            decay = math.exp(-dt / RATE_TAU_S)
+            self.done *= decay
+            self.busy_s = self.busy_s * decay + dt
+        self.at = now
+
+    def joined(self) -> None:
+        self._advance(time.monotonic())
+        self.backlog += 1
+
+    def left(self, answered: bool) -> None:
+        self._advance(time.monotonic())
+        self.backlog = max(self.backlog - 1, 0)
+        if answered:
+            self.done += 1.0
+
+    def rate(self, latency: float) -> float:
+        """Turns per second, ``latency`` being one request's (the prior's pace)."""
+        self._advance(time.monotonic())
+        return (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * max(latency, 1e-3))
+
+
+@dataclass
+class Latencies:
+    """Observed seconds, each with the number of turns it was measured over (a provider batch
+    ends with its slowest request, so a big one takes longer than a small one).
+
+    Quantiles count the batches still open (``running``: their ages, with their sizes) as
+    censored, Kaplan-Meier style: the batches that end first are the fast ones, so the
+    quantile of the ended ones alone is too low (with 125 batches out at once, the p90 of the
+    first three to end hedged every other one). A quantile the ended batches cannot reach yet
+    is None, or with ``bound`` the oldest age seen: a lower bound."""
+
+    samples: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def add(self, seconds: float, size: int = 1) -> None:
+        self.samples.append(seconds)
+        self.sizes.append(size)
+        if len(self.samples) > 2000:
+            del self.samples[:1000]
+            del self.sizes[:1000]
+
+    def of_size(self, at_least: float) -> list[float]:
+        """The samples measured over at least ``at_least`` turns."""
+        return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
+
+    def quantile(self, q: float, at_least: float = 0,
+                 running: Iterable[tuple[float, int]] = (), *,
+                 bound: bool = False) -> float | None:
+        ended = self.of_size(at_least)
+        ages = [age for age, n in running if n >= at_least]
+        if not ended and not ages:
+            return None
+        events = sorted([(t, True) for t in ended] + [(t, False) for t in ages])
+        at_risk, surviving = len(events), 1.0
+        for t, done in events:  # ties: an end before a censoring at the same age
+            if done:
+                surviving *= 1.0 - 1.0 / at_risk
+                if surviving <= 1.0 - q + 1e-12:
+                    return t
+            at_risk -= 1
+        return events[-1][0] if bound else None
+
+
+def _no_open() -> Iterable[tuple[float, int]]:
+    return ()
+
+
+class Router:
+    """The routing and hedging state of one batch (on one process): the latencies observed,
+    the sync path's backlog, and what was decided (``stats``)."""
+
+    def __init__(self, mode: Literal["batch", "auto"], deadline: float | None, total: int, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 running: Callable[[], Iterable[tuple[float, int]]] = _no_open) -> None:
+        self.mode = mode
+        self.deadline = deadline  # in ``clock``'s time
+        self.total = total
+        self.clock = clock
+        self.running = running  # the provider batches still open: (age s, turns)
+        self.batch_latency = Latencies()
+        self.sync_latency = Latencies()
+        self.sync_path = SyncThroughput()
+        self.routed_sync = 0  # routed to the sync API (in its backlog), request not started
+        self.stats: Counter[str] = Counter()
+        self._probed = False  # "auto": the first routed turn measures the sync latency
+        self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
+
+    def quantile(self, q: float, at_least: float = 0, *, bound: bool = False) -> float | None:
+        """``batch_latency``'s quantile with the open batches censored, reused for
+        ``CACHE_S`` (each waiting turn asks about once a second)."""
+        now = time.monotonic()
+        key = (q, at_least, bound)
+        hit = self._quantiles.get(key)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        value = self.batch_latency.quantile(q, at_least, self.running(), bound=bound)
+        self._quantiles[key] = (now, value)
+        return value
+
+    def batch_estimate(self, q: float = 0.9) -> float | None:
+        """Seconds a provider batch takes (window included): the ``q`` quantile of the ended
+        ones, the open ones censored at their age; before it is known, the oldest age seen
+        (a lower bound)."""
+        seen = self.quantile(q, 0, bound=True)
+        return None if seen is None else seen + WINDOW_S
+
+    def sync_estimate(self, ahead: int | None = None) -> float:
+        """Seconds per sync turn with ``ahead`` turns before it on the sync path (default:
+        its backlog): one request's p90 latency, or the backlog over the observed
+        throughput when that is longer (queued turns finish late)."""
+        seen = self.sync_latency.quantile(0.9)
+        latency = PRIOR_SYNC_S if seen is None else seen
+        if ahead is None:
+            ahead = self.sync_path.backlog
+        median = self.sync_latency.quantile(0.5)
+        rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
+        return max(latency, (ahead + 1) / rate)
+
+    def _to_sync(self, why: str) -> tuple[Route, str]:
+        self.stats[why] += 1
+        self.routed_sync += 1
+        self.sync_path.joined()  # in the backlog from now: it queues for a slot
+        return "sync", why
+
+    def decide(self, turns_left: float, live: int) -> tuple[Route, str]:
+        """``route``, with why (the stat it counted: ``routed_sync_probe``,
+        ``routed_sync_tail``, ``routed_sync_deadline``, ``routed_batch``)."""
+        if self.mode == "batch" or self.deadline is None:
+            return "batch", ""
+        if not self._probed and not self.sync_latency.samples:
+            self._probed = True  # one turn at list price buys the sync latency for routing
+            return self._to_sync("routed_sync_probe")
+        if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
+            return self._to_sync("routed_sync_tail")
+        batch = self.batch_estimate(ROUTE_Q) or 0.0
+        per_sync = self.sync_estimate()  # behind the sync path's backlog
+        finish = self.clock() + batch + (turns_left - 1) * per_sync + SAFETY_S
+        if finish > self.deadline and (batch == 0.0 or per_sync < batch):
+            return self._to_sync("routed_sync_deadline")
+        if finish > self.deadline:
+            self.stats["kept_batch_sync_backed_up"] += 1
+        self.stats["routed_batch"] += 1
+        return "batch", "routed_batch"
+
+    def route(self, turns_left: float, live: int) -> Route:
+        """Where the next turn of an agent with ``turns_left`` (estimated) turns goes, the
+        batch having ``live`` agents still running. A turn routed to the sync API is in the
+        sync path's backlog until ``timed_sync(joined=True)`` (or ``unroute``) takes it."""
+        return self.decide(turns_left, live)[0]
+
+    def unroute(self) -> None:
+        """A turn routed to the sync API that will not send its request (refused, failed)."""
+        if self.routed_sync > 0:
+            self.routed_sync -= 1
+            self.sync_path.left(False)
+
+    def hedge_at(self, submitted: float, turns_left: float, size: int | None,
+                 waiting: int = 0) -> float | None:
+        """When a waiting batch turn should race the sync API (None: not yet known).
+
+        With a deadline: when its remaining turns would only just fit on the sync API, behind
+        the sync path's backlog and the ``waiting`` batch turns that would hedge with it.
+        Without one: past the p90 of provider batches at least ``SIMILAR`` times the size of
+        the turn's own (``size``; None while it is not submitted): a batch ends with its
+        slowest request, so the p90 of small batches would hedge a big one still on course,
+        every turn of it at the sync price."""
+        times = []
+        if size is not None and self.deadline is None:
+            similar = self.batch_latency.of_size(SIMILAR * size)
+            p90 = self.quantile(0.9, SIMILAR * size)
+            if p90 is not None and len(similar) >= MIN_SAMPLES:
+                times.append(submitted + p90)
+        if self.deadline is not None:
+            ahead = self.sync_path.backlog + max(waiting, 0)
+            times.append(self.deadline - self.sync_estimate(ahead)
+                         - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
+        return min(times, default=None)
+
+    def allows_sync(self) -> bool:
+        """Whether a turn whose provider batch item failed may still go to the sync API."""
+        return self.deadline is None or self.clock() < self.deadline - SAFETY_S
+
+    @contextlib.contextmanager
+    def timed_sync(self, *, routed: bool = False) -> Iterator[None]:
+        """Around one request to the sync API: its latency and the sync path's throughput
+        observed. ``routed``: a turn ``route`` sent here (already in the backlog)."""
+        if routed and self.routed_sync > 0:
+            self.routed_sync -= 1
+        else:
+            self.sync_path.joined()
+        answered = False
+        started = time.monotonic()
+        try:
+            yield
+            answered = True
+        finally:
+            self.sync_path.left(answered)
+        self.sync_latency.add(time.monotonic() - started)
