@@ -23,11 +23,19 @@ MIN_POLL_S = 0.05
 MAX_POLL_S = 60.0
 
 
-def check_requests(requests: Sequence[tuple[str, ModelRequest]]) -> None:
+def check_requests(requests: Sequence[tuple[str, ModelRequest]], *, min_items: int = 1,
+                   max_items: int | None = None, who: str = "provider batch") -> None:
     """Refuse what the provider would reject, before anything is uploaded: an empty batch,
-    and a ``custom_id`` that is empty, not a string or repeated (results are matched by it)."""
+    fewer than ``min_items`` or more than ``max_items`` requests, and a ``custom_id`` that is
+    empty, not a string or repeated (results are matched by it)."""
     if not requests:
         raise BatchSpecError("requests: a provider batch needs at least one request")
+    if len(requests) < min_items:
+        raise BatchSpecError(f"requests: {who} takes at least {min_items} requests per "
+                             f"batch (its quota), got {len(requests)}")
+    if max_items is not None and len(requests) > max_items:
+        raise BatchSpecError(f"requests: {who} takes at most {max_items} requests per "
+                             f"batch (its quota), got {len(requests)}")
     seen: set[str] = set()
     for n, (custom_id, _) in enumerate(requests):
         if not isinstance(custom_id, str) or not custom_id:
@@ -44,6 +52,11 @@ class ProviderBatchClient(abc.ABC):
     name: str
     session: HttpSession
     timeout: float = DEFAULT_TIMEOUT_S
+    # Requests one batch may hold (the provider's quota): a caller gathers at least
+    # ``min_items`` ready turns before submitting (fewer go to the sync API) and splits at
+    # ``max_items``. ``submit`` refuses a batch outside these bounds.
+    min_items: int = 1
+    max_items: int = 50_000
 
     @abc.abstractmethod
     async def discover(self) -> bool:
@@ -67,7 +80,8 @@ class ProviderBatchClient(abc.ABC):
 
     async def submit(self, requests: Sequence[tuple[str, ModelRequest]]) -> BatchState:
         """Send ``(custom_id, request)`` pairs as one provider batch; its state on creation."""
-        check_requests(requests)
+        check_requests(requests, min_items=self.min_items, max_items=self.max_items,
+                       who=self.name)
         return await self._submit(requests)
 
     async def results(self, batch_id: str, custom_ids: Sequence[str]) -> dict[str, ItemResult]:
