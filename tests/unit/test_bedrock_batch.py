@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
+from agentbatch import run_batch
 from agentbatch.backends.bedrock import BedrockBackend
 from agentbatch.backends.provider_batch import batch_client
 from agentbatch.backends.provider_batch import bedrock_batch as bb
@@ -304,3 +306,19 @@ def test_record_error_codes_map_to_item_error_kinds() -> None:
     assert bb._error_kind(429) == "rate_limited" and bb._error_kind("503") == "server_error"
     assert bb._error_kind(408) == "server_error" and bb._error_kind(400) == "bad_request"
     assert bb._error_kind(None) == "server_error"
+
+
+def test_pricing_batch_on_unconfigured_bedrock_is_refused_before_any_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the embedded engine's own warm-up: the refusal names both variables, and no
+    connection is ever opened (a model turn would have to connect to AWS)."""
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    with pytest.raises(BatchSpecError) as caught:
+        run_batch("Say hi to {name}", [{"name": "Ada"}], model=MODEL,
+                  backend=f"bedrock://us-east-1/{MODEL}", pricing="batch", progress=False)
+    message = str(caught.value)
+    assert bb.S3_ENV in message and bb.ROLE_ENV in message
+    assert SECRET not in message and "AKIAFAKE" not in message
