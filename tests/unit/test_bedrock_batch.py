@@ -4,6 +4,7 @@ job that ends early, cancel, and the refusals. No network: the stubber answers f
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import socket
@@ -322,3 +323,39 @@ def test_pricing_batch_on_unconfigured_bedrock_is_refused_before_any_turn(
     message = str(caught.value)
     assert bb.S3_ENV in message and bb.ROLE_ENV in message
     assert SECRET not in message and "AKIAFAKE" not in message
+
+
+def test_an_inline_image_goes_into_the_record_as_base64(client: BedrockBatchClient) -> None:
+    png = b"\x89PNG\r\n\x1a\nfake"
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    req = ModelRequest(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": url}}]}])
+    model, data, ids = client.records([("img", req)])
+    line = json.loads(data)
+    assert (model, ids, line["recordId"]) == (MODEL, {"R0000000000": "img"}, "R0000000000")
+    image = line["modelInput"]["messages"][0]["content"][1]["image"]
+    assert image == {"format": "png", "source": {"bytes": base64.b64encode(png).decode()}}
+
+
+async def test_results_read_every_page_of_the_output_listing(
+        client: BedrockBatchClient, stubs: tuple[Stubber, Stubber, Any, Any]) -> None:
+    bstub, sstub, _, _ = stubs
+    prefix = f"{FOLDER}/output/abc123xyz/"
+    bstub.add_response("get_model_invocation_job", job("Completed"), {"jobIdentifier": JOB})
+    sstub.add_response("get_object", {"Body": body(json.dumps(
+        {"R0000000000": "c-a", "R0000000001": "c-b"}).encode())},
+        {"Bucket": "agentbatch-test", "Key": f"{FOLDER}/ids.json"})
+    sstub.add_response("list_objects_v2", {"Contents": [{"Key": prefix + "one.jsonl.out"}],
+                                           "IsTruncated": True, "NextContinuationToken": "n1"},
+                       {"Bucket": "agentbatch-test", "Prefix": prefix})
+    sstub.add_response("list_objects_v2", {"Contents": [{"Key": prefix + "two.jsonl.out"}],
+                                           "IsTruncated": False},
+                       {"Bucket": "agentbatch-test", "Prefix": prefix, "ContinuationToken": "n1"})
+    for key, rid, text in (("one", "R0000000000", "A"), ("two", "R0000000001", "B")):
+        line = {"recordId": rid, "modelOutput": converse_output(text, 1, 1)}
+        sstub.add_response("get_object", {"Body": body(json.dumps(line).encode())},
+                           {"Bucket": "agentbatch-test", "Key": f"{prefix}{key}.jsonl.out"})
+    found = await client.results(JOB, ["c-a", "c-b"])
+    replies = [found[c].response for c in ("c-a", "c-b")]
+    assert [r.text if r is not None else None for r in replies] == ["A", "B"]
