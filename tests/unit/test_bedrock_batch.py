@@ -19,12 +19,17 @@ from botocore.stub import Stubber
 
 from agentbatch import run_batch
 from agentbatch.backends.bedrock import BedrockBackend
-from agentbatch.backends.provider_batch import batch_client
+from agentbatch.backends.provider_batch import (
+    AnthropicBatchClient,
+    OpenAIBatchClient,
+    batch_client,
+)
 from agentbatch.backends.provider_batch import bedrock_batch as bb
 from agentbatch.backends.provider_batch.bedrock_batch import (
     BedrockBatchClient,
     bedrock_batch_client,
 )
+from agentbatch.backends.provider_batch.client import DEFAULT_MAX_ITEMS
 from agentbatch.core.errors import BatchSpecError, ServerError
 from agentbatch.core.model_io import ModelRequest
 
@@ -359,3 +364,21 @@ async def test_results_read_every_page_of_the_output_listing(
     found = await client.results(JOB, ["c-a", "c-b"])
     replies = [found[c].response for c in ("c-a", "c-b")]
     assert [r.text if r is not None else None for r in replies] == ["A", "B"]
+
+
+def test_batch_sizes_callers_gather_per_provider(client: BedrockBatchClient) -> None:
+    """OpenAI and Anthropic keep the engines' small batches (any size is accepted); a Bedrock
+    job takes between its quota's minimum and maximum records."""
+    for cls in (OpenAIBatchClient, AnthropicBatchClient):
+        assert (cls.min_items, cls.max_items) == (1, DEFAULT_MAX_ITEMS)
+    assert (OpenAIBatchClient.quota_max_items,
+            AnthropicBatchClient.quota_max_items) == (50_000, 100_000)
+    assert (client.min_items, client.max_items, client.quota_max_items) == (2, 50_000, 50_000)
+
+
+async def test_a_batch_above_the_quota_is_refused_before_any_upload(
+        backend: BedrockBackend, stubs: tuple[Stubber, Stubber, Any, Any]) -> None:
+    small = bedrock_batch_client(backend, env=ENV | {bb.MAX_ENV: "3"}, bedrock=stubs[2],
+                                 s3=stubs[3])
+    with pytest.raises(BatchSpecError, match=r"at most 3 requests per batch.*got 4"):
+        await small.submit([(f"c{n}", request("Hi")) for n in range(4)])

@@ -43,7 +43,7 @@ _ERROR_KINDS: dict[str, ItemErrorKind] = {
 class AnthropicBatchClient(ProviderBatchClient):
     """The Message Batches API of the server behind ``backend`` (its URL, key, bodies)."""
 
-    max_items = 100_000  # Message Batches: up to 100,000 requests (or 256 MB) per batch
+    quota_max_items = 100_000  # Message Batches: up to 100,000 requests (or 256 MB)
 
     def __init__(self, backend: AnthropicBackend, *,
                  timeout: float = DEFAULT_TIMEOUT_S) -> None:

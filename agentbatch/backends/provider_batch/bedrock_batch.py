@@ -171,8 +171,10 @@ class BedrockBatchClient(ProviderBatchClient):
         self.config = config
         self.name = f"{backend.name} batch"
         self.timeout = timeout
+        # A job waits hours whatever its size, so one job takes every ready turn up to the
+        # quota; fewer than the minimum are the caller's to send to the sync API.
         self.min_items = config.min_records
-        self.max_items = config.max_records
+        self.max_items = self.quota_max_items = config.max_records
         self._bedrock, self._s3 = bedrock, s3
 
     # --- boto3 -----------------------------------------------------------------------------

@@ -21,6 +21,9 @@ DEFAULT_TIMEOUT_S = 60.0  # one HTTP exchange (an upload of a large batch includ
 PROBE_TIMEOUT_S = 10.0
 MIN_POLL_S = 0.05
 MAX_POLL_S = 60.0
+# Turns per provider batch the engines send by default (turnloop's ``MAX_ITEMS``): a slow
+# request holds only these few.
+DEFAULT_MAX_ITEMS = 8
 
 
 def check_requests(requests: Sequence[tuple[str, ModelRequest]], *, min_items: int = 1,
@@ -52,11 +55,14 @@ class ProviderBatchClient(abc.ABC):
     name: str
     session: HttpSession
     timeout: float = DEFAULT_TIMEOUT_S
-    # Requests one batch may hold (the provider's quota): a caller gathers at least
-    # ``min_items`` ready turns before submitting (fewer go to the sync API) and splits at
-    # ``max_items``. ``submit`` refuses a batch outside these bounds.
+    # How many requests a caller puts in one batch: at least ``min_items`` (the provider's
+    # minimum; fewer ready turns go to the sync API) and at most ``max_items`` (the engines'
+    # choice, ``DEFAULT_MAX_ITEMS``, unless the provider needs bigger batches).
+    # ``submit`` refuses fewer than ``min_items`` and more than ``quota_max_items`` (the
+    # provider's hard cap, None where it is not known).
     min_items: int = 1
-    max_items: int = 50_000
+    max_items: int = DEFAULT_MAX_ITEMS
+    quota_max_items: int | None = None
 
     @abc.abstractmethod
     async def discover(self) -> bool:
@@ -80,7 +86,7 @@ class ProviderBatchClient(abc.ABC):
 
     async def submit(self, requests: Sequence[tuple[str, ModelRequest]]) -> BatchState:
         """Send ``(custom_id, request)`` pairs as one provider batch; its state on creation."""
-        check_requests(requests, min_items=self.min_items, max_items=self.max_items,
+        check_requests(requests, min_items=self.min_items, max_items=self.quota_max_items,
                        who=self.name)
         return await self._submit(requests)
 

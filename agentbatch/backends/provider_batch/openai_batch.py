@@ -48,7 +48,7 @@ def jsonl(lines: list[dict[str, Any]]) -> bytes:
 class OpenAIBatchClient(ProviderBatchClient):
     """The Batch API of the server behind ``backend`` (its URL, key and request bodies)."""
 
-    max_items = 50_000  # the Batch API: up to 50,000 requests (or 200 MB) per input file
+    quota_max_items = 50_000  # the Batch API: up to 50,000 requests (or 200 MB) per file
 
     def __init__(self, backend: OpenAICompatBackend, *, timeout: float = DEFAULT_TIMEOUT_S,
                  completion_window: str = "24h") -> None:
