@@ -30,7 +30,7 @@ from agentbatch.backends.provider_batch.bedrock_batch import (
     bedrock_batch_client,
 )
 from agentbatch.backends.provider_batch.client import DEFAULT_MAX_ITEMS
-from agentbatch.core.errors import BatchSpecError, ServerError
+from agentbatch.core.errors import BatchSpecError, RateLimited, ServerError
 from agentbatch.core.model_io import ModelRequest
 
 MODEL = "us.anthropic.claude-3-7-sonnet-20250219-v1:0"  # caches: its cachePoint is dropped
@@ -382,3 +382,12 @@ async def test_a_batch_above_the_quota_is_refused_before_any_upload(
                                  s3=stubs[3])
     with pytest.raises(BatchSpecError, match=r"at most 3 requests per batch.*got 4"):
         await small.submit([(f"c{n}", request("Hi")) for n in range(4)])
+
+
+async def test_discover_during_an_aws_outage_is_retryable_not_a_spec_error(
+        client: BedrockBatchClient, stubs: tuple[Stubber, Stubber, Any, Any]) -> None:
+    stubs[0].add_client_error("list_model_invocation_jobs", "ThrottlingException",
+                              "Rate exceeded", http_status_code=429)
+    with pytest.raises(RateLimited) as caught:
+        await client.discover()
+    assert caught.value.retryable

@@ -1,8 +1,8 @@
 """The seam between the engines and a provider's batch API: submit requests keyed by
 ``custom_id``, poll with a deadline, fetch results by ``custom_id``, cancel.
 
-Each provider's module (``openai_batch``, ``anthropic_batch``) fills in the wire calls; the
-checks, polling and matching live here once.
+Each provider's module (``openai_batch``, ``anthropic_batch``, ``bedrock_batch``) fills in the
+wire calls; the checks, polling and matching live here once.
 """
 
 from __future__ import annotations
