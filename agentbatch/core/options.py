@@ -113,13 +113,14 @@ class BatchOptions:
         'found at warm-up). ``"auto"``: the batch API while each agent\'s projected finish '
         "stays inside ``deadline``, the sync API for the turns that would miss it; turns "
         "waiting past the observed p90 batch latency are hedged to the sync API "
-        '(docs/cost.md). The distributed engine takes ``"batch"`` (without ``deadline``); '
-        '``"auto"`` is embedded-only for now.'))
+        '(docs/cost.md). Both engines; on the distributed engine each worker routes and hedges '
+        "on the latencies it has observed itself."))
     deadline: datetime | float | None = field(default=None, metadata=_doc(
         "when the batch must finish: an aware datetime, or seconds from submit (finite, "
         '> 0). Required by ``pricing="auto"``; with ``"batch"`` it bounds the wait on a '
         "provider batch (a failed or expired one falls back to the sync API only while the "
-        'deadline allows). Not taken with ``pricing="sync"``. Embedded engine only for now.'))
+        'deadline allows). Not taken with ``pricing="sync"``. On the distributed engine it '
+        "becomes one instant in Redis's clock at submit (the workers' clock)."))
     hedge_after: float | None = field(default=None, metadata=_doc(
         "with a pool of >= 2 endpoints (``backend=[url, url, ...]``): a model turn in flight "
         "longer than this multiple of the running p95 turn latency (finite, > 1) is sent "

@@ -68,9 +68,12 @@ class BatchPlan(BaseModel):
     max_agent_cost_usd: float | None = _default("max_agent_cost_usd")
     # each worker hedges the turns it runs on the pool (``workers/hedging.py``)
     hedge_after: float | None = _default("hedge_after")
-    # "batch": the workers send each model turn through the provider's batch API
-    # (distributed/provider_batches.py); "auto" is refused on the distributed engine
+    # "batch"/"auto": the workers send model turns through the provider's batch API
+    # (distributed/provider_batches.py), "auto" routing each (turnloop/batch_routing.py)
     pricing: Pricing = _default("pricing")
+    # ``deadline`` as an absolute time in Redis's clock (epoch seconds; the submitter and
+    # the workers sync to it), set at submit: "seconds from submit" means one instant fleet-wide
+    deadline_at: float | None = None
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")

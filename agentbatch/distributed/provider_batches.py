@@ -1,5 +1,20 @@
-"""``pricing="batch"`` on the distributed engine: a worker's model turns through a provider's
-batch API, one provider batch per (backend, model) for the turns ready within ``WINDOW_S``.
+"""``pricing="batch"`` / ``"auto"`` on the distributed engine: a worker's model turns through a
+provider's batch API, provider batches per (backend, model) for the turns ready within
+``WINDOW_S``.
+
+Routing and hedging (``route``, ``complete``'s ``hedge``) are ``turnloop.batch_routing``'s, as
+on the embedded engine, with one ``Router`` per batch in each worker process: each worker
+routes on the batch and sync latencies it observed itself (its first routed turn is its
+probe), like ``hedge_after``'s per-worker p95s. The deadline is the plan's ``deadline_at``,
+in Redis's clock (``now_ms``). An agent's turns left come from its state and the mean turns
+of the agents this worker saw finish; the batch's live count from its meta (``total -
+delivered``), read at most once a second per batch. A turn routed to the sync API is counted
+on the batch (``stat:routed_sync_probe|tail|deadline``), a turn routed to the batch API in
+``stat:provider_batch_items`` (not per turn: that would be a Redis write per turn). A turn
+waiting past the router's hedge time races the sync API (``stat:batch_hedged``); the first
+answer is returned, so the turn commits once (``stat:hedge_won_by_sync`` /
+``hedge_won_by_batch``); a provider batch whose turns were all answered by the sync API is
+cancelled.
 
 A turn's ``custom_id`` names its agent version (``custom_id``), so a result can only ever
 answer the turn it was asked for; it commits through the same versioned compare-and-set as a
@@ -20,7 +35,8 @@ while the submit is under way. The turn the sweep re-sends looks it up first:
 Every submission is counted before it is sent (``stat:provider_batches``,
 ``stat:provider_batch_items``), so the provider's count of batches can never exceed the
 batch's own. A turn whose item failed or expired goes to the sync API
-(``stat:provider_batch_fallback_sync``), as on the embedded engine.
+(``stat:provider_batch_fallback_sync``) while the deadline allows, as on the embedded engine;
+else it fails with an error that says so.
 """
 
 from __future__ import annotations
@@ -30,8 +46,10 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import (
@@ -41,6 +59,7 @@ from agentbatch.backends.provider_batch import (
     batch_client,
 )
 from agentbatch.backends.setup import endpoints
+from agentbatch.core.agent_state import AgentState
 from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
@@ -49,16 +68,20 @@ from agentbatch.core.errors import (
     BatchCancelled,
     ServerError,
 )
-from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.core.plan import BatchPlan
-from agentbatch.distributed.state.redis_store import BatchStore
-from agentbatch.turnloop.batch_turns import MAX_ITEMS, MAX_POLL_S, MAX_WAIT_S, POLL_S, WINDOW_S
+from agentbatch.distributed.state.redis_store import BatchStore, now_ms
+from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
+from agentbatch.turnloop.batch_turns import MAX_ITEMS, MAX_POLL_S, MAX_WAIT_S, POLL_S
 
 log = logging.getLogger(__name__)
 
 SUBMITTING = "?"  # the record of a turn whose provider batch is being created
 RECORD_TTL_MS = 26 * 3600 * 1000  # past the providers' 24 h completion window
 CANCEL_CHECK_S = 2.0  # how often a waiting turn looks at the batch's cancel flag
+LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this often
+
+Hedge = Callable[[], Awaitable[ModelResponse]]  # the turn's request on the sync API
 
 Note = Callable[[str, str, int], Awaitable[None]]  # (batch id, stat, n)
 
@@ -72,6 +95,11 @@ def custom_id(batch_id: str, index: int, version: int) -> str:
 
 def record_field(index: int, version: int) -> str:
     return f"{index}:{version}"
+
+
+def redis_clock() -> float:
+    """Seconds in Redis's clock (the plan's ``deadline_at`` is in it)."""
+    return now_ms() / 1000
 
 
 @dataclass
@@ -94,6 +122,17 @@ class _Lane:
     flusher: asyncio.Task[None] | None = None
 
 
+@dataclass
+class _Submitted:
+    """A provider batch this process submitted (or adopted): when, its size, its turns, and
+    those the sync API answered (a hedge won)."""
+
+    at: float  # redis_clock()
+    size: int | None
+    members: set[str] = field(default_factory=set)
+    answered_sync: set[str] = field(default_factory=set)
+
+
 class ProviderBatches:
     """The provider-batch side of one worker process (on its asyncio loop)."""
 
@@ -108,6 +147,82 @@ class ProviderBatches:
         # provider batch id -> the agentbatch batches whose turns it holds (id -> store)
         self._owners: dict[str, dict[str, BatchStore]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # routing: per agentbatch batch, this process's own observations
+        self._routers: dict[str, Router] = {}
+        self._submitted: dict[str, _Submitted] = {}  # provider batch id -> what it holds
+        self._owner_of: dict[str, str] = {}  # custom id -> provider batch id
+        self._waiting: Counter[str] = Counter()  # batch id -> its turns waiting here
+        self._live: dict[str, tuple[float, int]] = {}  # batch id -> (read at, live agents)
+        self._finished: dict[str, tuple[int, int]] = {}  # batch id -> (agents ok, their turns)
+
+    # --- routing ----------------------------------------------------------------------------
+
+    def router(self, plan: BatchPlan) -> Router:
+        """This process's router for ``plan``'s batch (created on its first turn)."""
+        router = self._routers.get(plan.batch_id)
+        if router is None:
+            mode: Literal["batch", "auto"] = "auto" if plan.pricing == "auto" else "batch"
+            batch_id = plan.batch_id
+
+            def running() -> list[tuple[float, int]]:
+                now = redis_clock()
+                return [(now - sub.at, sub.size) for pb, sub in self._submitted.items()
+                        if sub.size is not None and batch_id in self._owners.get(pb, {})]
+
+            router = Router(mode, plan.deadline_at, plan.total, clock=redis_clock,
+                            running=running)
+            if len(self._routers) > 256:  # finished batches' routers: the oldest go
+                self._routers.pop(next(iter(self._routers)))
+            self._routers[batch_id] = router
+        return router
+
+    def agent_finished(self, batch_id: str, turns: int) -> None:
+        """An agent of the batch ended ok after ``turns`` replies (the turns-left estimate)."""
+        n, total = self._finished.get(batch_id, (0, 0))
+        self._finished[batch_id] = (n + 1, total + turns)
+
+    def turns_left(self, plan: BatchPlan, state: AgentState) -> float:
+        """The estimated turns ``state`` still needs, this one included (>= 1): the mean of
+        the agents this worker saw finish ok, ``max_turns`` before any (``WorkEstimate``)."""
+        n, total = self._finished.get(plan.batch_id, (0, 0))
+        per_agent = total / n if n else float(plan.max_turns)
+        return max(per_agent - state.turns, 1.0)
+
+    async def live(self, plan: BatchPlan, store: BatchStore) -> int:
+        """The batch's agents still running, from its meta, read at most every
+        ``LIVE_CACHE_S`` (every turn asks)."""
+        now = time.monotonic()
+        hit = self._live.get(plan.batch_id)
+        if hit is not None and now - hit[0] < LIVE_CACHE_S:
+            return hit[1]
+        try:
+            delivered = await store.r.hget(store.k.meta, "delivered")
+            live = max(plan.total - int(delivered or 0), 0)
+        except Exception:  # Redis unreachable: the last count (or all), the turn goes on
+            live = hit[1] if hit is not None else plan.total
+        self._live[plan.batch_id] = (now, live)
+        return live
+
+    async def route(self, plan: BatchPlan, store: BatchStore, state: AgentState) -> Route:
+        """Where this turn goes (``Router.route``); a turn routed to the sync API is counted
+        on the batch, and is in the router's sync backlog until ``timed_sync`` or
+        ``unroute``."""
+        router = self.router(plan)
+        if router.mode == "batch" or router.deadline is None:
+            return "batch"
+        where, why = router.decide(self.turns_left(plan, state), await self.live(plan, store))
+        if where == "sync":
+            # a turn re-sent from a worker that stopped may be in a provider batch already:
+            # it waits on that one (paid for) rather than paying the sync API as well
+            with contextlib.suppress(Exception):
+                found = await store.r.hget(store.k.provider_batches,
+                                           record_field(state.index, state.version))
+                if found and found != SUBMITTING:
+                    router.stats[why] -= 1
+                    router.unroute()
+                    return "batch"
+            await self.note(plan.batch_id, why, 1)
+        return where
 
     async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
         """The backend's batch client, found once per process. Not found (the submitter
@@ -130,14 +245,18 @@ class ProviderBatches:
         return found
 
     async def complete(self, plan: BatchPlan, backend: Backend, store: BatchStore, index: int,
-                       version: int, request: ModelRequest) -> ItemResult:
-        """The provider batch's answer to this agent version's turn: from the provider batch
-        a record names (a re-sent turn), else from a new one. ``BatchCancelled`` once the
-        batch is cancelled; ``BackendTimeout`` after ``MAX_WAIT_S`` without an answer."""
+                       version: int, request: ModelRequest, *, turns_left: float = 1.0,
+                       hedge: Hedge | None = None) -> tuple[ItemResult, bool]:
+        """The answer to this agent version's turn and whether the provider batch gave it:
+        from the provider batch a record names (a re-sent turn), else from a new one; with
+        ``hedge``, from the sync API when the turn is still waiting at the router's hedge
+        time and the sync API answers first. ``BatchCancelled`` once the batch is
+        cancelled; ``BackendTimeout`` after ``MAX_WAIT_S`` without an answer."""
         await self.client(plan, backend)
         key = (*plan.backends, plan.model)
         lane = self._lanes[key]
         cid = custom_id(plan.batch_id, index, version)
+        router = self.router(plan)
         future = self._futures.get(cid)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
@@ -149,6 +268,7 @@ class ProviderBatches:
                 log.info("agent %s v%s of batch %s: its turn is in provider batch %s "
                          "already (submitted by a worker that stopped); waiting on it",
                          index, version, plan.batch_id, found)
+                self._submitted.setdefault(found, _Submitted(redis_clock(), None))
                 self._watch(lane.client, found, cid, store)
             else:
                 if found == SUBMITTING:
@@ -160,21 +280,86 @@ class ProviderBatches:
                 lane.pending.append((cid, _Turn(store, index, version, request, future)))
                 if lane.flusher is None or lane.flusher.done():
                     lane.flusher = asyncio.create_task(self._flush(lane))
-        started = time.monotonic()
+        started = checked = time.monotonic()
+        since = redis_clock()
+        self._waiting[plan.batch_id] += 1
         try:
             while not future.done():
                 if time.monotonic() - started > MAX_WAIT_S:
                     raise BackendTimeout(f"provider batch turn {cid}: no answer after "
                                          f"{MAX_WAIT_S:g}s")
-                await asyncio.wait({future}, timeout=CANCEL_CHECK_S)
-                if not future.done() and await store.cancelled():
-                    raise BatchCancelled(f"batch {plan.batch_id} was cancelled")
-            return future.result()
+                wait = CANCEL_CHECK_S
+                if hedge is not None:
+                    sub = self._submitted.get(self._owner_of.get(cid, ""))
+                    at = router.hedge_at(since if sub is None else sub.at, turns_left,
+                                         None if sub is None else sub.size,
+                                         waiting=self._waiting[plan.batch_id] - 1)
+                    now = redis_clock()
+                    if at is not None and now >= at:
+                        return await self._hedge(plan, store, cid, future, hedge)
+                    if at is not None:
+                        wait = min(max(at - now, 0.01), CANCEL_CHECK_S)
+                await asyncio.wait({future}, timeout=wait)
+                if not future.done() and time.monotonic() - checked >= CANCEL_CHECK_S:
+                    checked = time.monotonic()
+                    if await store.cancelled():
+                        raise BatchCancelled(f"batch {plan.batch_id} was cancelled")
+            return future.result(), True
         finally:
+            self._waiting[plan.batch_id] -= 1
+            if self._waiting[plan.batch_id] <= 0:
+                del self._waiting[plan.batch_id]
             if self._futures.get(cid) is future:
                 del self._futures[cid]
             for wanted in self._wanted.values():
                 wanted.discard(cid)
+            self._owner_of.pop(cid, None)
+
+    async def _hedge(self, plan: BatchPlan, store: BatchStore, cid: str,
+                     future: asyncio.Future[ItemResult], hedge: Hedge) -> tuple[ItemResult, bool]:
+        """Race the waiting turn against the sync API; the first answer is returned (so the
+        turn commits once), the loser cancelled (sync) or forgotten (its ``custom_id``)."""
+        await self.note(plan.batch_id, "batch_hedged", 1)
+        sync = asyncio.ensure_future(hedge())
+        try:
+            while True:
+                racing: set[asyncio.Future[object]] = {future, sync}  # type: ignore[arg-type]
+                await asyncio.wait(racing, timeout=CANCEL_CHECK_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if future.done() and future.result().ok:
+                    await self.note(plan.batch_id, "hedge_won_by_batch", 1)
+                    return future.result(), True
+                if sync.done() and not future.done() and sync.exception() is not None:
+                    log.warning("turn %s: its hedge to the sync API failed (%s); waiting on "
+                                "the provider batch", cid, sync.exception())
+                    await self.note(plan.batch_id, "hedge_failed", 1)
+                    return await self._wait_only(plan, store, future), True
+                if sync.done() or future.done():
+                    break
+                if await store.cancelled():
+                    raise BatchCancelled(f"batch {plan.batch_id} was cancelled")
+            pb = self._owner_of.get(cid)
+            if pb is not None and pb in self._submitted:
+                self._submitted[pb].answered_sync.add(cid)
+            for wanted in self._wanted.values():
+                wanted.discard(cid)  # the batch's answer, if it comes, is dropped
+            response = await sync  # a failed batch item: the sync answer (or its error)
+            await self.note(plan.batch_id, "hedge_won_by_sync", 1)
+            return ItemResult(cid, response=response), False
+        finally:
+            if not sync.done():
+                sync.cancel()
+                with contextlib.suppress(BaseException):
+                    await sync
+
+    @staticmethod
+    async def _wait_only(plan: BatchPlan, store: BatchStore,
+                         future: asyncio.Future[ItemResult]) -> ItemResult:
+        while not future.done():
+            await asyncio.wait({future}, timeout=CANCEL_CHECK_S)
+            if not future.done() and await store.cancelled():
+                raise BatchCancelled(f"batch {plan.batch_id} was cancelled")
+        return future.result()
 
     @staticmethod
     async def forget(store: BatchStore, index: int, version: int) -> None:
@@ -186,9 +371,12 @@ class ProviderBatches:
 
     async def _flush(self, lane: _Lane) -> None:
         await asyncio.sleep(WINDOW_S)
+        size = max(int(getattr(lane.client, "max_items", MAX_ITEMS)), 1)
         while lane.pending:
-            chunk, lane.pending = lane.pending[:MAX_ITEMS], lane.pending[MAX_ITEMS:]
-            chunk = [(cid, t) for cid, t in chunk if not t.future.done()]
+            chunk, lane.pending = lane.pending[:size], lane.pending[size:]
+            # a turn answered meanwhile (a hedge won, the batch cancelled) is not sent
+            chunk = [(cid, t) for cid, t in chunk
+                     if not t.future.done() and self._futures.get(cid) is t.future]
             if chunk:
                 await self._submit(lane.client, chunk)
 
@@ -219,6 +407,8 @@ class ProviderBatches:
         except Exception:  # the turns still get their answers here; a re-send resubmits
             log.warning("provider batch %s: its turns could not be recorded in Redis",
                         state.id, exc_info=True)
+        self._submitted[state.id] = _Submitted(redis_clock(), len(chunk),
+                                               {cid for cid, _ in chunk})
         for cid, turn in chunk:
             self._watch(client, state.id, cid, turn.store)
 
@@ -235,6 +425,7 @@ class ProviderBatches:
     def _watch(self, client: ProviderBatchClient, batch_id: str, cid: str,
                owner: BatchStore) -> None:
         self._wanted.setdefault(batch_id, set()).add(cid)
+        self._owner_of[cid] = batch_id
         self._owners.setdefault(batch_id, {})[owner.batch_id] = owner
         if batch_id not in self._watchers or self._watchers[batch_id].done():
             task = asyncio.create_task(self._poll(client, batch_id))
@@ -246,16 +437,21 @@ class ProviderBatches:
         """Poll one provider batch until it ends, then hand each waiting turn its result
         (again for turns that came to wait on it meanwhile), until nobody here waits. One
         that nobody waits on any more before it ends is cancelled at the provider when every
-        agentbatch batch it holds turns of was cancelled (not when a worker is stopping: the
-        turns it leaves are re-sent, and wait on it again elsewhere)."""
+        agentbatch batch it holds turns of was cancelled, or when the sync API answered all
+        its turns (hedges won); not when a worker is stopping: the turns it leaves are
+        re-sent, and wait on it again elsewhere."""
         delay = POLL_S
         ended = False
         try:
             while True:
                 wanted = sorted(self._wanted.get(batch_id, ()))
                 if not wanted:
-                    if not ended and await self._all_cancelled(batch_id):
-                        await self._cancel(client, batch_id)
+                    sub = self._submitted.get(batch_id)
+                    hedged = sub is not None and bool(sub.members) \
+                        and sub.members <= sub.answered_sync
+                    if not ended and (hedged or await self._all_cancelled(batch_id)):
+                        await self._cancel(client, batch_id, "the sync API answered its turns"
+                                           if hedged else "its batches were cancelled")
                     return
                 state = None
                 with contextlib.suppress(BackendError):
@@ -265,6 +461,7 @@ class ProviderBatches:
                     delay = min(delay * 1.5, MAX_POLL_S)
                     continue
                 ended = True
+                self._observe(batch_id)
                 try:
                     found = await client.results(batch_id, wanted)
                 except Exception as exc:
@@ -281,6 +478,18 @@ class ProviderBatches:
             self._wanted.pop(batch_id, None)
             self._owners.pop(batch_id, None)
             self._watchers.pop(batch_id, None)
+            self._submitted.pop(batch_id, None)
+
+    def _observe(self, batch_id: str) -> None:
+        """A provider batch submitted here has ended: its latency, for its batches' routers
+        (an adopted one's submit time is not known)."""
+        sub = self._submitted.get(batch_id)
+        if sub is None or sub.size is None:
+            return
+        for owner in self._owners.get(batch_id, {}):
+            router = self._routers.get(owner)
+            if router is not None:
+                router.batch_latency.add(redis_clock() - sub.at, sub.size)
 
     async def _all_cancelled(self, batch_id: str) -> bool:
         try:
@@ -289,8 +498,8 @@ class ProviderBatches:
         except Exception:  # Redis unreachable: leave the provider batch be
             return False
 
-    async def _cancel(self, client: ProviderBatchClient, batch_id: str) -> None:
-        log.info("cancelling provider batch %s: its batches were cancelled", batch_id)
+    async def _cancel(self, client: ProviderBatchClient, batch_id: str, why: str) -> None:
+        log.info("cancelling provider batch %s: %s", batch_id, why)
         for owner in self._owners.get(batch_id, {}):
             await self.note(owner, "provider_batches_cancelled", 1)
         try:
@@ -305,8 +514,9 @@ class ProviderBatches:
                 future.set_result(item)
 
 
-def item_error(item: ItemResult) -> BackendError:
-    """The error a turn whose provider batch item failed ends with (when no sync fallback)."""
+def item_error(item: ItemResult, why: str = "") -> BackendError:
+    """The error a turn whose provider batch item failed ends with (when no sync fallback;
+    ``why`` says why not)."""
     error = item.error or ItemError("missing", "no result")
     kind = BadRequest if error.kind == "bad_request" else ServerError
-    return kind(f"provider batch turn {error.kind}: {error.message}")
+    return kind(f"provider batch turn {error.kind}: {error.message}{why}")

@@ -23,8 +23,7 @@ from typing import Any, TypeVar
 import redis
 
 from agentbatch.backends.base import Backend
-from agentbatch.backends.provider_batch import batch_client
-from agentbatch.backends.setup import endpoints, open_backend, preflight_backend, warm_backend
+from agentbatch.backends.setup import open_backend, preflight_backend, warm_backend
 from agentbatch.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -53,8 +52,10 @@ from agentbatch.distributed.workers.app import client_app
 from agentbatch.distributed.workers.dispatch import Followup, broker_client, envelopes, turn_message
 from agentbatch.distributed.workers.settings import WorkerSettings
 from agentbatch.toolpool import resolve_tool
+from agentbatch.turnloop.batch_api import require_batch_client
 from agentbatch.turnloop.compile import CompiledBatch
 from agentbatch.turnloop.runtime import import_object
+from agentbatch.turnloop.validate import deadline_in
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -289,24 +290,19 @@ async def _warm(plan: BatchPlan) -> None:
     backend = open_backend(plan.backends, timeout=min(plan.timeout_per_turn or 30.0, 30.0))
     try:
         await preflight_backend(backend, plan)
-        if plan.pricing == "batch":  # all-batch turns skip the sync prefix cache it warms
+        if plan.pricing != "sync":
             await check_batch_api(plan, backend)
-        elif plan.warm_prefix and plan.total > 1:
+        # all-batch turns skip the sync prefix cache it warms ("auto" sends some turns sync)
+        if plan.pricing != "batch" and plan.warm_prefix and plan.total > 1:
             await warm_backend(backend, plan)
     finally:
         await backend.aclose()
 
 
 async def check_batch_api(plan: BatchPlan, backend: Backend) -> None:
-    """pricing="batch": the backend's batch API must answer (asked from here, at submit)."""
-    drivers = endpoints(backend)
-    client = await batch_client(drivers[0]) if len(drivers) == 1 else None
-    if client is None:
-        raise BatchSpecError(
-            f"pricing='batch': backend {', '.join(plan.backends)} has no provider batch API "
-            "(OpenAI's /v1/batches or Anthropic's /v1/messages/batches did not answer at "
-            "warm-up, or it is a pool of several URLs); use pricing='sync'; nothing was "
-            "enqueued")
+    """pricing="batch"|"auto": the backend's batch API must answer (asked from here, at
+    submit, before anything is enqueued)."""
+    client = await require_batch_client(backend, plan.backends, plan.pricing)
     await client.aclose()
 
 
@@ -326,9 +322,17 @@ def submit_distributed(compiled: CompiledBatch, opts: BatchOptions) -> Distribut
     check_portable(compiled)
     plan = compiled.plan
     client = _connect(url)
+    left = deadline_in(opts.deadline)  # "seconds from submit": counted from here
+    if left is not None:  # in Redis's clock, which the workers route and hedge in
+        try:
+            sync_clock_blocking(client)
+        except BaseException:
+            client.close()
+            raise
+        plan.deadline_at = now_ms() / 1000 + left
     # max_server_waiting needs the servers' /metrics checked here, before anything is enqueued.
     if (plan.warm_prefix and plan.total > 1) or plan.max_server_waiting is not None \
-            or plan.pricing == "batch":
+            or plan.pricing != "sync":
         try:
             warm_from_submitter(plan)
         except BaseException:

@@ -15,16 +15,13 @@ from typing import Any
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.hedge import enable_hedging
-from agentbatch.backends.provider_batch import batch_client
 from agentbatch.backends.setup import (
-    endpoints,
     inflight_hint,
     open_backend,
     preflight_backend,
     warm_backend,
 )
 from agentbatch.core.budget import Budget, WorkEstimate
-from agentbatch.core.errors import BatchSpecError
 from agentbatch.core.options import DEFAULT_MAX_INFLIGHT, BatchOptions
 from agentbatch.core.result_buffer import ResultBuffer
 from agentbatch.core.results import AgentResult
@@ -34,6 +31,7 @@ from agentbatch.embedded.metrics import serve_embedded
 from agentbatch.embedded.progress import embedded_snapshot
 from agentbatch.toolpool import ToolPool, TTLCache
 from agentbatch.turnloop.backpressure import BackpressureGate
+from agentbatch.turnloop.batch_api import require_batch_client
 from agentbatch.turnloop.batch_turns import ProviderBatchTurns
 from agentbatch.turnloop.compile import CompiledBatch
 from agentbatch.turnloop.handle import BatchHandle
@@ -113,14 +111,7 @@ class EmbeddedHandle(BatchHandle):
         pricing = self.opts.pricing
         if pricing == "sync":
             return None
-        drivers = endpoints(backend)  # the driver under the retry layer; not a pool (yet)
-        client = await batch_client(drivers[0]) if len(drivers) == 1 else None
-        if client is None:
-            raise BatchSpecError(
-                f"pricing={pricing!r}: backend {', '.join(self.compiled.plan.backends)} has no "
-                "provider batch API (OpenAI's /v1/batches or Anthropic's /v1/messages/batches "
-                "did not answer at warm-up, or it is a pool of several URLs); use "
-                "pricing='sync'")
+        client = await require_batch_client(backend, self.compiled.plan.backends, pricing)
         return ProviderBatchTurns(client, backend, mode=pricing, deadline=self._deadline,
                                   total=self.total)
 

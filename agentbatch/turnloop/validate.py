@@ -242,7 +242,6 @@ def check_options(opts: BatchOptions) -> None:
 
 
 PRICINGS = typing.get_args(Pricing)
-EMBEDDED_ONLY = ("deadline",)  # and pricing="auto" (_check_cost)
 
 
 def deadline_in(deadline: Any) -> float | None:
@@ -278,15 +277,6 @@ def _check_cost(opts: BatchOptions) -> None:
         if missing:
             raise BatchSpecError(f"pricing={opts.pricing!r} prices turns at the batch rates: "
                                  f"prices[{opts.model!r}] needs {' and '.join(missing)}")
-    if opts.redis_url:
-        given = [name for name in EMBEDDED_ONLY if getattr(opts, name) is not None]
-        if opts.pricing == "auto":
-            given.insert(0, 'pricing="auto"')
-        if given:
-            raise BatchSpecError(
-                f"{', '.join(given)}: embedded-only for now; the distributed engine "
-                '(redis_url=...) takes pricing="batch" without a deadline (every turn through '
-                "the provider batch API), so it is refused rather than ignored (docs/cost.md)")
 
 
 def _check_deadline(opts: BatchOptions) -> None:

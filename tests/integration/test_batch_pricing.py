@@ -2,8 +2,8 @@
 simulator's provider batch API: which API served each turn (the sim's chat requests vs the
 items of its provider batches, and each agent's ``batch_turns``), what it cost, and that a
 deadline the batch latency would miss moves turns to the sync API. Bad input is refused
-before anything is sent; the distributed engine refuses "auto" and deadline= (embedded-only;
-its pricing="batch" is tested in test_distributed_provider_batch.py)."""
+before anything is sent (the distributed engine's pricing="batch" | "auto" and deadline= are
+tested in test_distributed_provider_batch.py and test_distributed_auto_pricing.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import redis
 from aiohttp import web
 
 from agentbatch import BatchSpecError, submit_batch
@@ -170,22 +169,4 @@ def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, o
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
                      **{"prices": PRICES, **opts})
     assert needle in str(err.value)
-    assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("opts,named", [
-    ({"pricing": "auto", "deadline": 600}, 'pricing="auto", deadline'),
-    ({"pricing": "batch", "deadline": 600}, "deadline"),
-])
-def test_the_distributed_engine_refuses_auto_and_deadline_as_embedded_only(
-        redis_url, fast_batches, opts, named) -> None:
-    # pricing="batch" alone runs on the distributed engine (test_distributed_provider_batch.py)
-    with pytest.raises(BatchSpecError) as err:
-        submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
-                     prices=PRICES, redis_url=redis_url, **opts)
-    message = str(err.value)
-    assert message.startswith(f"{named}: embedded-only for now"), message
-    assert 'takes pricing="batch" without a deadline' in message
-    assert redis.from_url(redis_url).dbsize() == 0
     assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0

@@ -21,7 +21,7 @@ from agentbatch.toolpool import Tool
 from agentbatch.turnloop.compile import compile_batch
 from agentbatch.turnloop.json_tool_calling import MODES
 from agentbatch.turnloop.tool_choice import CHOICES
-from agentbatch.turnloop.validate import EMBEDDED_ONLY, PRICINGS
+from agentbatch.turnloop.validate import PRICINGS
 
 PUBLIC = (run_batch, arun_batch, submit_batch, asubmit_batch)
 SIM = "sim://127.0.0.1:8000"
@@ -95,14 +95,13 @@ def test_literals_and_their_checkers_agree():
         run_batch("t {x}", [{"x": 1}], model="m", backend=SIM, pricing="cheap")
 
 
-def test_embedded_only_cost_options_are_declared_and_not_carried_by_the_plan():
-    # the distributed engine refuses them at submit (validate.EMBEDDED_ONLY), so a worker
-    # never needs them: they stay out of the plan (the caps and pricing="batch" are carried:
-    # workers check them; pricing="auto" is refused on the distributed engine)
+def test_deadline_reaches_workers_as_one_instant_not_as_the_option():
+    # "seconds from submit" means one instant fleet-wide: the submitter turns it into
+    # ``deadline_at`` (Redis's clock), the plan never carries the option as given
     declared = _declared()
-    assert set(EMBEDDED_ONLY) == {"deadline"}
-    assert set(EMBEDDED_ONLY) <= set(declared)
-    assert not set(EMBEDDED_ONLY) & set(carried_options())
+    assert "deadline" in declared
+    assert "deadline" not in carried_options()
+    assert "deadline_at" in BatchPlan.model_fields and "pricing" in carried_options()
     with pytest.raises(BatchSpecError, match="tool_calling must be one of"):
         run_batch("t {x}", [{"x": 1}], model="m", backend=SIM, tool_calling="jsn")
 

@@ -190,7 +190,9 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend) if rt is not None else None
     gate = ctx.gate(loaded.plan, rt.backend) if rt is not None else None
-    by_batch = loaded.plan.pricing == "batch"  # waits on a provider batch: no slot held
+    # may wait on a provider batch: no slot held at the claim (a turn "auto" routes to the
+    # sync API takes its slot like any sync turn, in _turn_event)
+    by_batch = loaded.plan.pricing != "sync"
     ask = (sem.ask() if sem is not None and not by_batch
            and (gate is None or gate.looks_open()) else None)
     claim = await store.claim_turn(index, version, token, ctx.settings.lease_ttl_ms,
@@ -225,6 +227,8 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
                              logged=True)
     if by_batch:  # committed (or lost to another delivery): the record has served
         await ctx.provider_batches.forget(store, index, version)
+        if new.status is AgentStatus.DONE:  # the turns-left estimate "auto" routes on
+            ctx.provider_batches.agent_finished(batch_id, new.turns)
     if sem is not None and claim.slots_scarce:
         # slots are scarce (claim.lua decides): turns may be queued for the one the commit
         # just freed
@@ -247,8 +251,12 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     rt = loaded.runtime
     sem = ctx.semaphore(loaded.plan, rt.backend)
     gate = ctx.gate(loaded.plan, rt.backend)
-    if loaded.plan.pricing == "batch":
-        return await _batch_turn_event(ctx, loaded, state, token, action)
+    routed_sync = False
+    if loaded.plan.pricing != "sync":
+        where = await ctx.provider_batches.route(loaded.plan, loaded.store, state)
+        if where == "batch":
+            return await _batch_turn_event(ctx, loaded, state, token, action)
+        routed_sync = True  # "auto": through the sync path, its latency observed
     # Waits for capacity end at the turn's deadline (a retryable ``server_busy``) or when the
     # batch is cancelled, so a server queue that never drains cannot hold a worker forever.
     deadline = turn_deadline(loaded.plan.timeout_per_turn)
@@ -258,17 +266,30 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
         if gate is not None:
             await gate.wait_ready(deadline=deadline, cancelled=cancelled)
 
+    complete = None
+    sent: list[bool] = []
+    if routed_sync:
+        router = ctx.provider_batches.router(loaded.plan)
+
+        async def complete(request: ModelRequest) -> ModelResponse:
+            sent.append(True)
+            with router.timed_sync(routed=True):
+                return await rt.backend.complete(request)
+
     try:
         # The slot is the lease token's; the claim may have taken it already, and the commit
         # releases it in its own script.
         async with lease_renewal(ctx, loaded.store, state.index, token), \
                 sem.slot(ready=ready, deadline=deadline, cancelled=cancelled, holder=token,
                          held=claim.slot, keep=True, priority=action.turns_left):
-            event = await call_model(rt, state, action)
+            event = await call_model(rt, state, action, complete=complete)
     except ServerBusy as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
     except BatchCancelled:
         return Cancelled()
+    finally:
+        if routed_sync and not sent:  # never sent: out of the router's sync backlog
+            ctx.provider_batches.router(loaded.plan).unroute()
     if isinstance(event, ModelReplied):
         await sem.on_success()  # AIMD: regrow the shared limit after a quiet period
     elif isinstance(event, ModelFailed) and event.kind == "rate_limited":
@@ -278,38 +299,50 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
 
 async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
                             token: str, action: CallModel) -> Event:
-    """pricing="batch": the turn through a provider batch (``provider_batches.py``), its
-    reply read and committed as a sync one, ``batch=True`` (priced at the batch rates). The
-    lease is renewed the whole wait (minutes to hours); no inference slot is held meanwhile.
-    An item that failed or expired goes to the sync API, inside a fleet slot."""
+    """A turn through a provider batch (``provider_batches.py``), its reply read and
+    committed as a sync one, ``batch=True`` (priced at the batch rates) when the provider
+    batch answered. The lease is renewed the whole wait (minutes to hours); no inference slot
+    is held meanwhile. At the router's hedge time the turn also goes to the sync API, and an
+    item that failed or expired goes there while the deadline allows, each inside a fleet
+    slot; the first answer is the one committed."""
     rt = loaded.runtime
     assert rt is not None
     sem = ctx.semaphore(loaded.plan, rt.backend)
     store = loaded.store
+    provider = ctx.provider_batches
+    router = provider.router(loaded.plan)
+    turns_left = provider.turns_left(loaded.plan, state)
     served: list[bool] = []
     cancelled: list[bool] = []
 
+    async def sync_api(request: ModelRequest) -> ModelResponse:
+        async with sem.slot(deadline=turn_deadline(loaded.plan.timeout_per_turn),
+                            cancelled=store.cancelled, holder=token, keep=True,
+                            priority=action.turns_left):
+            with router.timed_sync():
+                return await rt.backend.complete(request)
+
     async def complete(request: ModelRequest) -> ModelResponse:
         try:
-            item = await ctx.provider_batches.complete(loaded.plan, rt.backend, store,
-                                                       state.index, state.version, request)
+            item, by_batch = await provider.complete(
+                loaded.plan, rt.backend, store, state.index, state.version, request,
+                turns_left=turns_left, hedge=lambda: sync_api(request))
         except BatchCancelled:
             served.append(False)
             cancelled.append(True)  # call_model would report it as an internal failure
             raise
         if item.response is not None:
-            served.append(True)
+            served.append(by_batch)
             return item.response
         if item.error is None or not item.error.retryable:
             raise item_error(item)
+        if not router.allows_sync():
+            raise item_error(item, "; the deadline left no time for the sync API")
         log.warning("agent %s of batch %s: its provider batch turn came back %s (%s): sent "
                     "to the sync API", state.index, loaded.plan.batch_id, item.error.kind,
                     item.error.message)
         await ctx.note(loaded.plan.batch_id, "provider_batch_fallback_sync")
-        async with sem.slot(deadline=turn_deadline(loaded.plan.timeout_per_turn),
-                            cancelled=store.cancelled, holder=token, keep=True,
-                            priority=action.turns_left):
-            response = await rt.backend.complete(request)
+        response = await sync_api(request)
         served.append(False)
         return response
 
