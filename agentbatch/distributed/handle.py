@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import redis
 from pydantic import BaseModel
@@ -21,6 +21,7 @@ from agentbatch.core.errors import BatchExpired, BatchLost
 from agentbatch.core.output import OutputContract
 from agentbatch.core.results import AgentResult
 from agentbatch.distributed.progress import DistributedProgress
+from agentbatch.distributed.result_reading import TRANSIENT, StreamRead
 from agentbatch.distributed.state.connection import async_client, mask_url, sync_client
 from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.distributed.state.redis_store import CANCEL_GONE, cancel_batch
@@ -39,8 +40,9 @@ from agentbatch.turnloop.validate import check_cursor
 log = logging.getLogger(__name__)
 _BLOCK_MS = 1000
 _READ_COUNT = 500
-_RECONNECT_WINDOW_S = 30.0
-_OOM_CHECK_S = 5.0  # while no result arrives, how often a reader asks whether Redis is full
+_Next = Literal["entries", "idle", "again", "ended"]  # what a read of the stream found
+_Entries = list[tuple[str, dict[str, str]]]
+_Kept = dict[int, list[dict[str, Any]]] | None
 
 
 class DistributedHandle(BatchHandle):
@@ -66,23 +68,6 @@ class DistributedHandle(BatchHandle):
         if result.ok and self.contract.schema is not None and isinstance(result.output, dict):
             result = result.model_copy(update={"output": self.contract.instance(result.output)})
         return result
-
-    def _first(self, seen: bytearray, fields: dict[str, str]) -> bool:
-        """False for a second result of an agent in one read. After a Sentinel failover an
-        agent whose final commit the old primary acknowledged but never replicated runs
-        again, and its result is written again; a reader that saw the first one skips it."""
-        try:
-            index = int(fields["i"])
-        except (KeyError, ValueError):
-            return True
-        if not 0 <= index < len(seen):
-            return True
-        if seen[index]:
-            log.warning("batch %s: skipped a second result of agent %d (written again after "
-                        "a Redis failover lost its first commit)", self.batch_id, index)
-            return False
-        seen[index] = 1
-        return True
 
     def _lost(self, why: str, *, reachable: bool = True) -> BatchLost | BatchExpired:
         """``BatchExpired`` when the batch's tombstone says its keys went on purpose
@@ -112,73 +97,83 @@ class DistributedHandle(BatchHandle):
         if why is not None:
             raise oom_error(self.batch_id, why)
 
+    def _reader(self, after: str | None) -> StreamRead:
+        return StreamRead(self.batch_id, self.total, check_cursor(after),
+                          lambda why: self._lost(why, reachable=False))
+
+    def _step(self, read: StreamRead) -> tuple[_Next, _Entries, _Kept]:
+        """One blocking read of the stream, and whether the batch has ended."""
+        reply = self._client.xread({self.keys.results: read.cursor}, count=_READ_COUNT,
+                                   block=_BLOCK_MS)
+        entries = read_entries(reply)
+        if entries:
+            return "entries", entries, read_kept(self._client, self.keys, entries)
+        if not self._check_alive(self._client):
+            return "idle", [], None
+        if self._client.xread({self.keys.results: read.cursor}, count=1):
+            return "again", [], None  # written just before the batch finished
+        return "ended", [], None
+
+    async def _astep(self, client: Any, read: StreamRead) -> tuple[_Next, _Entries, _Kept]:
+        """``_step`` on an asyncio client."""
+        reply = await client.xread({self.keys.results: read.cursor}, count=_READ_COUNT,
+                                   block=_BLOCK_MS)
+        entries = read_entries(reply)
+        if entries:
+            return "entries", entries, await aread_kept(client, self.keys, entries)
+        if not await client.exists(self.keys.plan):
+            raise await asyncio.to_thread(self._lost, "its state is no longer in Redis")
+        if await client.hget(self.keys.meta, "finished") != "1":
+            return "idle", [], None
+        if await client.xread({self.keys.results: read.cursor}, count=1):
+            return "again", [], None
+        return "ended", [], None
+
     def results(self, timeout: float | None = None, after: str | None = None
                 ) -> Iterator[AgentResult]:
-        """Results as agents finish; ``after`` resumes from a saved stream id."""
-        cursor = check_cursor(after)
-        seen = bytearray(self.total)  # one byte per agent: each result once per read
+        """Results as agents finish; ``after`` resumes from a saved stream id. An unreachable
+        Redis is retried for ``RECONNECT_WINDOW_S`` (``result_reading.py``)."""
+        read = self._reader(after)
         deadline = None if timeout is None else time.monotonic() + timeout
-        failing_since: float | None = None
-        next_memory_check = time.monotonic() + _OOM_CHECK_S
         while True:
             try:
-                reply = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT,
-                                           block=_BLOCK_MS)
-                failing_since = None
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > _RECONNECT_WINDOW_S:
-                    raise self._lost(f"Redis has been unreachable for "
-                                     f"{_RECONNECT_WINDOW_S:.0f}s ({exc})",
-                                     reachable=False) from exc
-                time.sleep(0.5)
+                step, entries, kept = self._step(read)
+            except TRANSIENT as exc:
+                time.sleep(read.unreachable(exc))
                 continue
-            entries = read_entries(reply)
-            kept = read_kept(self._client, self.keys, entries)
-            for entry_id, fields in entries:
-                cursor = self.cursor = entry_id
-                if self._first(seen, fields):
-                    yield self._decode(fields, kept)
-            if entries:
-                next_memory_check = time.monotonic() + _OOM_CHECK_S
+            read.reached()
+            for _entry_id, fields in read.fresh(entries):
+                self.cursor = read.cursor
+                yield self._decode(fields, kept)
+            self.cursor = read.cursor
+            if step == "ended":
+                return
+            if step != "idle":
                 continue
-            if self._check_alive(self._client):
-                tail = self._client.xread({self.keys.results: cursor}, count=_READ_COUNT)
-                if not tail:
-                    return
-                continue
-            if time.monotonic() >= next_memory_check:
-                next_memory_check = time.monotonic() + _OOM_CHECK_S
+            if read.memory_check_due():
                 self._check_memory()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {self.batch_id}: no result within {timeout}s")
 
     async def aresults(self, after: str | None = None) -> AsyncIterator[AgentResult]:
-        cursor = check_cursor(after)
+        """``results()`` for asyncio: the same cursor, duplicate and outage rules."""
+        read = self._reader(after)
         client = async_client(self.redis_url, socket_timeout=_BLOCK_MS / 1000 + 10)
-        seen = bytearray(self.total)
-        next_memory_check = time.monotonic() + _OOM_CHECK_S
         try:
             while True:
-                reply = await client.xread({self.keys.results: cursor}, count=_READ_COUNT,
-                                           block=_BLOCK_MS)
-                entries = read_entries(reply)
-                kept = await aread_kept(client, self.keys, entries)
-                for entry_id, fields in entries:
-                    cursor = self.cursor = entry_id
-                    if self._first(seen, fields):
-                        yield self._decode(fields, kept)
-                if entries:
-                    next_memory_check = time.monotonic() + _OOM_CHECK_S
+                try:
+                    step, entries, kept = await self._astep(client, read)
+                except TRANSIENT as exc:
+                    await asyncio.sleep(read.unreachable(exc))
                     continue
-                exists = await client.exists(self.keys.plan)
-                if not exists:
-                    raise await asyncio.to_thread(self._lost, "its state is no longer in Redis")
-                finished = await client.hget(self.keys.meta, "finished") == "1"
-                if finished and not await client.xread({self.keys.results: cursor}, count=1):
+                read.reached()
+                for _entry_id, fields in read.fresh(entries):
+                    self.cursor = read.cursor
+                    yield self._decode(fields, kept)
+                self.cursor = read.cursor
+                if step == "ended":
                     return
-                if not finished and time.monotonic() >= next_memory_check:
-                    next_memory_check = time.monotonic() + _OOM_CHECK_S
+                if step == "idle" and read.memory_check_due():
                     await asyncio.to_thread(self._check_memory)
         finally:
             await client.aclose()
@@ -189,11 +184,11 @@ class DistributedHandle(BatchHandle):
         batch's keys are gone."""
         if not self._client.exists(self.keys.plan):
             raise self._lost("its state is no longer in Redis")
-        seen, found, start = bytearray(self.total), [], "-"
+        read, found, start = self._reader(None), [], "-"
         while chunk := range_entries(self._client.xrange(self.keys.results, min=start,
                                                           count=_READ_COUNT)):
             kept = read_kept(self._client, self.keys, chunk)
-            found += [self._decode(f, kept) for _, f in chunk if self._first(seen, f)]
+            found += [self._decode(f, kept) for _, f in read.fresh(chunk)]
             start = "(" + chunk[-1][0]
         return sorted(found, key=lambda r: r.index)
 
