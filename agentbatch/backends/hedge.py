@@ -19,7 +19,11 @@ known) is under the bar, suspect ones last, then the fewest in flight, ties by t
 ranking. At most one hedge per turn. The counters (``stats``) are in
 ``handle.stats()["pool"]["hedge"]``: hedges sent, won by the hedge, won by the original,
 and the loser's tokens: exact when both answered, else the loser's prompt (the same as the
-winner's; its completion tokens are not known, since it was stopped).
+winner's; its completion tokens are not known, since it was stopped). The same counts go to
+Prometheus as they happen (``agentbatch_hedges_total``, ``agentbatch_hedge_outcomes_total``,
+``agentbatch_hedge_loser_tokens_total``), and a subclass may count them elsewhere too by
+overriding ``_settled`` and ``_count_loser`` (the distributed engine: per batch,
+``distributed/workers/hedging.py``); both run in the task that called ``race``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentbatch.core.errors import BackendError
 from agentbatch.core.model_io import ModelResponse
+from agentbatch.metrics import (
+    hedging_enabled,
+    record_hedge_loser_tokens,
+    record_hedge_outcome,
+    record_hedge_sent,
+)
 
 if TYPE_CHECKING:
     from agentbatch.backends.base import Backend
@@ -77,6 +87,7 @@ class Hedger:
         self.no_target = 0
         self.loser_prompt_tokens = 0
         self.loser_completion_tokens = 0
+        hedging_enabled()  # its Prometheus counters exist, at 0, from now on
 
     # -- the bar ----------------------------------------------------------------------------
 
@@ -127,6 +138,7 @@ class Hedger:
                     hedge: asyncio.Future[ModelResponse] = asyncio.ensure_future(target.send())
                     tasks.append(hedge)
                     self.hedges += 1
+                    record_hedge_sent()
                     starts = {call: (first.endpoint, t0), hedge: (target.endpoint, loop.time())}
                     return await self._first_answer(starts, call, hedge)
             await asyncio.wait({call})
@@ -175,10 +187,7 @@ class Hedger:
             winner = answered[0]
             endpoint, sent = starts[winner]
             self.record(endpoint, asyncio.get_running_loop().time() - sent)
-            if winner is hedge:
-                self.hedge_wins += 1
-            else:
-                self.original_wins += 1
+            self._settled("hedge_won" if winner is hedge else "original_won")
             usage = winner.result().usage
             if len(answered) > 1:  # both answered at once: the loser's tokens are known
                 lost = answered[1].result().usage
@@ -186,12 +195,25 @@ class Hedger:
             elif pending:  # cancelled by ``race``: its prompt was sent, its completion unknown
                 self._count_loser(usage.prompt_tokens, 0)
             return winner.result()
-        self.both_failed += 1
+        self._settled("both_failed")
         raise errors.get(call) or next(iter(errors.values()))
 
+    def _settled(self, outcome: str) -> None:
+        """A hedged turn settled: ``hedge_won``, ``original_won`` or ``both_failed``."""
+        if outcome == "hedge_won":
+            self.hedge_wins += 1
+        elif outcome == "original_won":
+            self.original_wins += 1
+        else:
+            self.both_failed += 1
+        record_hedge_outcome(outcome)
+
     def _count_loser(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The tokens of a hedged turn's losing request (called just before ``_settled``'s
+        caller returns the winner's answer)."""
         self.loser_prompt_tokens += prompt_tokens
         self.loser_completion_tokens += completion_tokens
+        record_hedge_loser_tokens(prompt_tokens, completion_tokens)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``handle.stats()["pool"]["hedge"]``; ``bar_s`` is the current bar."""
@@ -224,7 +246,13 @@ async def _cancel(calls: list[asyncio.Future[ModelResponse]]) -> None:
 
 def enable_hedging(backend: Backend, hedge_after: float | None) -> None:
     """Give the ``EndpointPool`` under ``backend``'s wrapping layers a ``Hedger`` (validation
-    has made sure there is one, of >= 2 endpoints, when ``hedge_after`` is set)."""
+    has made sure there is one, of >= 2 endpoints, when ``hedge_after`` is set).
+
+    The embedded engine calls this for every batch it opens, so any pool's moves are counted
+    in Prometheus from here too (``pool_moves.count_moves``), hedging or not."""
+    from agentbatch.backends.pool_moves import count_moves
+
+    count_moves(backend)
     if hedge_after is None:
         return
     from agentbatch.backends.base import BackendWrapper

@@ -3,8 +3,9 @@
 Both engines record through the functions below, at the single place each thing happens: a
 model call (``turnloop/turn_io.call_model``), a tool call (``ToolPool._bump``), an agent's
 end (the embedded engine's ``_drive``, the worker's ``commit``), a worker event
-(``WorkerContext.stats``). The names are listed in docs/metrics.md and used by
-deploy/grafana-agentbatch.json.
+(``WorkerContext.stats``), a hedge of ``hedge_after=`` (``backends/hedge.Hedger``), a turn a
+pool moved off its agent's home endpoint (``backends/pool_moves.py``). The names are listed
+in docs/metrics.md and used by deploy/grafana-agentbatch.json.
 
 The metric objects are made on first use, not at import: under Celery's prefork pool the
 worker sets ``PROMETHEUS_MULTIPROC_DIR`` (``metrics.server.enable_multiprocess``) before any
@@ -56,6 +57,10 @@ class Metrics:
     tool_errors: Counter
     tool_timeouts: Counter
     events: Counter
+    hedges: Counter
+    hedge_outcomes: Counter
+    hedge_loser_tokens: Counter
+    pool_moves: Counter
 
 
 _lock = threading.Lock()
@@ -116,6 +121,19 @@ def _declare() -> Metrics:
                               ["tool"], registry=reg),
         events=Counter("agentbatch_events", "Worker events (dropped duplicates, recoveries, "
                        "...), by kind.", ["event"], registry=reg),
+        hedges=Counter("agentbatch_hedges", "Model turns sent a second time, to another "
+                       "endpoint of a pool, past the hedge_after bar.", registry=reg),
+        hedge_outcomes=Counter("agentbatch_hedge_outcomes", "Hedged turns settled, by outcome "
+                               "(hedge_won, original_won, both_failed).", ["outcome"],
+                               registry=reg),
+        hedge_loser_tokens=Counter("agentbatch_hedge_loser_tokens", "Tokens of the losing "
+                                   "request of hedged turns, by kind (prompt, completion): "
+                                   "what hedging cost beyond the turns' own tokens.",
+                                   ["kind"], registry=reg),
+        pool_moves=Counter("agentbatch_pool_moves", "Model turns a pool routed off their "
+                           "agent's home endpoint, by reason (load: the home was past its "
+                           "bound; failover: it was ejected or had just failed).", ["reason"],
+                           registry=reg),
     )
 
 
@@ -176,6 +194,50 @@ def record_tool(tool: str, counter: str, n: int = 1) -> None:
     name, extra = _TOOL_COUNTERS.get(counter, (None, {}))
     if name is not None:
         _child(getattr(m, name), tool, *extra.values()).inc(n)
+
+
+HEDGE_OUTCOMES = ("hedge_won", "original_won", "both_failed")
+MOVE_REASONS = ("load", "failover")
+LOSER_TOKEN_KINDS = ("prompt", "completion")
+
+
+def hedging_enabled() -> None:
+    """A pool hedges in this process: its hedge counters exist from now on (at 0)."""
+    m = metrics()
+    m.hedges.inc(0)
+    for outcome in HEDGE_OUTCOMES:
+        _child(m.hedge_outcomes, outcome)
+    for kind in LOSER_TOKEN_KINDS:
+        _child(m.hedge_loser_tokens, kind)
+
+
+def record_hedge_sent() -> None:
+    """A turn was sent a second time (``hedge_after=``)."""
+    metrics().hedges.inc()
+
+
+def record_hedge_outcome(outcome: str) -> None:
+    """A hedged turn settled: ``hedge_won``, ``original_won`` or ``both_failed``."""
+    _child(metrics().hedge_outcomes, outcome).inc()
+
+
+def record_hedge_loser_tokens(prompt: int, completion: int) -> None:
+    """The tokens a hedged turn's losing request took (its prompt at least)."""
+    m = metrics()
+    _child(m.hedge_loser_tokens, "prompt").inc(max(prompt, 0))
+    _child(m.hedge_loser_tokens, "completion").inc(max(completion, 0))
+
+
+def pool_moves_enabled() -> None:
+    """A pool routes in this process: its move counters exist from now on (at 0)."""
+    m = metrics()
+    for reason in MOVE_REASONS:
+        _child(m.pool_moves, reason)
+
+
+def record_pool_move(reason: str, n: int = 1) -> None:
+    """A pool routed ``n`` turns off their agent's home endpoint (``load`` / ``failover``)."""
+    _child(metrics().pool_moves, reason).inc(n)
 
 
 class EventCounter(_Counter[str]):

@@ -3,9 +3,9 @@ redis-server, and a pool of three simulator processes over HTTP, one of them slo
 
 Each worker process hedges the turns it runs (its own latency windows, its own bar), and
 counts every settled hedge on the batch (``stat:hedges`` and who won, in ``status()``:
-``distributed/workers/hedging.py``). The race is inside the pool's ``complete``, so a turn's
-reply is committed once. Assertions are outcomes and counts (results, transcripts, the
-batch's counters, ``/sim/stats``), never timings.
+``distributed/workers/hedging.py``, written within half a second). The race is inside the
+pool's ``complete``, so a turn's reply is committed once. Assertions are outcomes and counts
+(results, transcripts, the batch's counters, ``/sim/stats``), never timings.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ def test_workers_hedge_slow_turns_count_them_on_the_batch_and_apply_each_turn_on
                           hedge_after=2.0, keep_transcript=True, timeout_per_turn=60,
                           warm_prefix=False, redis_url=redis_url)
     results = handle.wait(timeout=WAIT_S)
+
+    def settled() -> bool:  # a worker writes its hedge counts in the background (batch_stats)
+        c = handle.status()
+        return c.get("stat:hedges", 0) >= 1 and c["stat:hedges"] == sum(
+            c.get(f"stat:{o}", 0)
+            for o in ("hedge_wins", "hedge_original_wins", "hedge_both_failed"))
+
+    wait_until(settled, "the workers' hedge counts on the batch")
     counts = handle.status()
 
     # Every agent finished, each turn applied once: three model turns, two tool results, no

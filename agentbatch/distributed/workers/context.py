@@ -34,7 +34,12 @@ from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.semaphore import RedisSemaphore
 from agentbatch.distributed.tool_coalesce import RedisCoalescer, RedisResultCache
 from agentbatch.distributed.tool_rate import redis_buckets
-from agentbatch.distributed.workers.hedging import BatchTagged, enable_batch_hedging
+from agentbatch.distributed.workers.batch_stats import BatchStats
+from agentbatch.distributed.workers.hedging import (
+    BatchTagged,
+    count_batch_moves,
+    enable_batch_hedging,
+)
 from agentbatch.distributed.workers.settings import WorkerSettings
 from agentbatch.metrics import EventCounter
 from agentbatch.toolpool import ToolPool
@@ -70,6 +75,9 @@ class WorkerContext:
                                         lock_ttl_ms=settings.lease_ttl_ms)
         self.cache = RedisResultCache(self.redis)
         self.stats: Counter[str] = EventCounter()  # also agentbatch_events_total
+        # a pool's moves and hedges, per batch, written in the background (``batch_stats``)
+        self.batch_stats = BatchStats(self.redis, self.scripts)
+        self._pools: set[tuple[str, ...]] = set()  # backends' URLs that open a pool
         # pricing="batch": this process's turns gathered into provider batches
         self.provider_batches = ProviderBatches(self.note)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
@@ -176,7 +184,7 @@ class WorkerContext:
         except Exception as exc:
             return self._broken(plan, store, f"the backend cannot be opened on this worker: "
                                 f"{type(exc).__name__}: {exc}", "backend_unavailable")
-        if plan.hedge_after is not None:  # whose turn each race is, for its counters
+        if tuple(plan.backends) in self._pools:  # whose turn each race and move is
             backend = BatchTagged(backend, plan.batch_id)
         rt = BatchRuntime(plan=plan, contract=contract, tools=pool, backend=backend)
         return LoadedBatch(plan=plan, store=store, policy=rt.policy, runtime=rt)
@@ -197,7 +205,9 @@ class WorkerContext:
             backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
                                    batch_prompting=plan.batch_prompting, trust_key_env=False)
             if plan.hedge_after is not None:  # as the embedded handle does, once it is open
-                enable_batch_hedging(backend, plan.hedge_after, self.note)
+                enable_batch_hedging(backend, plan.hedge_after, self.batch_stats.add)
+            if count_batch_moves(backend, self.batch_stats.add):
+                self._pools.add(tuple(plan.backends))
             backend.listeners.append(lambda error: self._on_retry(plan, backend, error))
             self._backends[key] = backend
         return backend

@@ -8,77 +8,68 @@ pool's ``complete``, so the turn machine sees one reply; the versioned commit ke
 result per turn whatever else a re-sent task did.
 
 The counters a process's ``Hedger`` keeps mix batches and are not visible outside it. So each
-batch's runtime gets the pool through ``BatchTagged``, which says whose turn a model call is
-(a context variable, read in the race: the race runs in the caller's task), and
-``BatchHedger`` counts each settled hedge on that batch's ``meta`` through the worker's
-``note``: ``stat:hedges`` and one of ``stat:hedge_wins`` (the hedge answered first),
-``stat:hedge_original_wins``, ``stat:hedge_both_failed``. They add up over the fleet and show
-in ``handle.status()`` and ``agentbatch status``, and in the worker's
-``agentbatch_events_total`` metric. A hedge whose turn was cancelled (the turn's timeout, the
-batch cancelled) before either answer is not counted.
+batch's runtime gets its pool through ``BatchTagged``, which says whose turn a model call is
+(a context variable, read where the count happens: the race and the routing run in the
+caller's task, and the hedge's task inherits the variable), and ``BatchHedger`` counts each
+settled hedge on that batch: ``stat:hedges`` and one of ``stat:hedge_wins`` (the hedge
+answered first), ``stat:hedge_original_wins``, ``stat:hedge_both_failed``, and the losing
+request's tokens, ``stat:hedge_loser_prompt_tokens`` and ``stat:hedge_loser_completion_tokens``
+(as on the embedded engine: exact when both answered, else the loser's prompt). Every
+``BatchTagged`` pool's moves are counted the same way (``count_batch_moves``):
+``stat:pool_moves_load`` and ``stat:pool_moves_failover``. They reach the batch's ``meta`` in
+the worker's next stats flush (``batch_stats.py``: half a second at most, one round trip for
+all batches, never one per turn), add up over the fleet, and show in ``handle.status()`` and
+``agentbatch status``; a worker's Prometheus endpoint counts them as they happen
+(``agentbatch_hedges_total``, ``agentbatch_hedge_outcomes_total``,
+``agentbatch_hedge_loser_tokens_total``, ``agentbatch_pool_moves_total``). A hedge whose turn
+was cancelled (the turn's timeout, the batch cancelled) before either answer is counted
+there as sent, and on no batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from agentbatch.backends.base import Backend, BackendWrapper
-from agentbatch.backends.hedge import Attempt, Hedger
+from agentbatch.backends.hedge import Hedger
 from agentbatch.backends.pool import EndpointPool
-from agentbatch.core.errors import BackendError
+from agentbatch.backends.pool_moves import count_moves
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 
-Note = Callable[[str, str], Awaitable[None]]  # (batch id, event): ``WorkerContext.note``
+Count = Callable[[str, str, int], None]  # (batch id, stat field, n): ``BatchStats.add``
 
 _batch: ContextVar[str | None] = ContextVar("agentbatch_hedged_batch", default=None)
+# a settled hedge's outcome -> its batch stat (the names hedging has always counted under)
+_OUTCOME_STATS = {"hedge_won": "hedge_wins", "original_won": "hedge_original_wins",
+                  "both_failed": "hedge_both_failed"}
 
 
 class BatchHedger(Hedger):
-    """A ``Hedger`` that counts each settled hedge on the batch whose turn it raced."""
+    """A ``Hedger`` that also counts each settled hedge on the batch whose turn it raced."""
 
-    def __init__(self, hedge_after: float, note: Note) -> None:
+    def __init__(self, hedge_after: float, count: Count) -> None:
         super().__init__(hedge_after)
-        self._note = note
+        self._count = count
 
-    async def race(self, first: Attempt,
-                   second: Callable[[float], Attempt | None]) -> ModelResponse:
+    def _settled(self, outcome: str) -> None:
+        super()._settled(outcome)
         batch_id = _batch.get()
-        sent = False
-        hedge_answers: list[ModelResponse] = []
+        if batch_id is not None:
+            self._count(batch_id, "hedges", 1)
+            self._count(batch_id, _OUTCOME_STATS[outcome], 1)
 
-        def hedge_to(bar: float) -> Attempt | None:
-            nonlocal sent
-            target = second(bar)
-            if target is None:
-                return None
-            sent = True
-
-            async def send() -> ModelResponse:
-                reply = await target.send()
-                hedge_answers.append(reply)
-                return reply
-
-            return Attempt(target.endpoint, send)
-
-        outcome: str | None = None
-        try:
-            reply = await super().race(first, hedge_to)
-            won = bool(hedge_answers) and reply is hedge_answers[0]
-            outcome = "hedge_wins" if won else "hedge_original_wins"
-            return reply
-        except BackendError:  # with a hedge sent, raised only once both have failed
-            outcome = "hedge_both_failed"
-            raise
-        finally:
-            if sent and outcome is not None and batch_id is not None:
-                await self._note(batch_id, "hedges")
-                await self._note(batch_id, outcome)
+    def _count_loser(self, prompt_tokens: int, completion_tokens: int) -> None:
+        super()._count_loser(prompt_tokens, completion_tokens)
+        batch_id = _batch.get()
+        if batch_id is not None:
+            self._count(batch_id, "hedge_loser_prompt_tokens", prompt_tokens)
+            self._count(batch_id, "hedge_loser_completion_tokens", completion_tokens)
 
 
 class BatchTagged(BackendWrapper):
-    """A shared hedging pool as one batch's runtime sees it: each model call says whose turn
-    it is, for ``BatchHedger``'s counters. Everything else is the pool's."""
+    """A shared pool as one batch's runtime sees it: each model call says whose turn it is,
+    for ``BatchHedger``'s and the moves' counters. Everything else is the pool's."""
 
     def __init__(self, inner: Backend, batch_id: str) -> None:
         super().__init__(inner)
@@ -92,7 +83,7 @@ class BatchTagged(BackendWrapper):
             _batch.reset(token)
 
 
-def enable_batch_hedging(backend: Backend, hedge_after: float, note: Note) -> None:
+def enable_batch_hedging(backend: Backend, hedge_after: float, count: Count) -> None:
     """Give the ``EndpointPool`` under ``backend``'s wrapping layers a ``BatchHedger``
     (submit has checked it is a pool of >= 2 endpoints, as on the embedded engine)."""
     inner = backend
@@ -100,4 +91,16 @@ def enable_batch_hedging(backend: Backend, hedge_after: float, note: Note) -> No
         inner = inner.inner
     if not isinstance(inner, EndpointPool):
         raise TypeError(f"hedge_after needs a pool of endpoints, not {inner.name}")
-    inner.hedger = BatchHedger(hedge_after, note)
+    inner.hedger = BatchHedger(hedge_after, count)
+
+
+def count_batch_moves(backend: Backend, count: Count) -> bool:
+    """Count the moves of the ``EndpointPool`` under ``backend`` in Prometheus and on the
+    batch whose turn each was (``stat:pool_moves_<reason>``); False without a pool."""
+
+    def on_move(reason: str, n: int) -> None:
+        batch_id = _batch.get()
+        if batch_id is not None:
+            count(batch_id, f"pool_moves_{reason}", n)
+
+    return count_moves(backend, on_move)
