@@ -72,7 +72,13 @@ from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.core.plan import BatchPlan
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
-from agentbatch.turnloop.batch_turns import MAX_ITEMS, MAX_POLL_S, MAX_WAIT_S, POLL_S
+from agentbatch.turnloop.batch_turns import (
+    MAX_ITEMS,
+    MAX_POLL_S,
+    MAX_WAIT_S,
+    POLL_S,
+    POLL_SHARE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -441,6 +447,7 @@ class ProviderBatches:
         its turns (hedges won); not when a worker is stopping: the turns it leaves are
         re-sent, and wait on it again elsewhere."""
         delay = POLL_S
+        polled_from = time.monotonic()
         ended = False
         try:
             while True:
@@ -458,7 +465,10 @@ class ProviderBatches:
                     state = await client.state(batch_id)
                 if state is None or not state.ended:
                     await asyncio.sleep(delay)
-                    delay = min(delay * 1.5, MAX_POLL_S)
+                    # every POLL_SHARE of the batch's age (an answer is seen ~10% late, not
+                    # up to 50% as with a 1.5x backoff), within POLL_S..MAX_POLL_S
+                    age = time.monotonic() - polled_from
+                    delay = min(max(POLL_SHARE * age, POLL_S), MAX_POLL_S)
                     continue
                 ended = True
                 self._observe(batch_id)

@@ -160,6 +160,7 @@ class Router:
         self.routed_sync = 0  # routed to the sync API (in its backlog), request not started
         self.stats: Counter[str] = Counter()
         self._probed = False  # "auto": the first routed turn measures the sync latency
+        self._probing = False  # ... and it has not ended yet
         self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
 
     def quantile(self, q: float, at_least: float = 0, *, bound: bool = False) -> float | None:
@@ -205,8 +206,8 @@ class Router:
         if self.mode == "batch" or self.deadline is None:
             return "batch", ""
         if not self._probed and not self.sync_latency.samples:
-            self._probed = True  # one turn at list price buys the sync latency for routing
-            return self._to_sync("routed_sync_probe")
+            self._probed = self._probing = True  # one turn at list price buys the sync
+            return self._to_sync("routed_sync_probe")  # latency for routing
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
             return self._to_sync("routed_sync_tail")
         batch = self.batch_estimate(ROUTE_Q) or 0.0
@@ -230,6 +231,7 @@ class Router:
         if self.routed_sync > 0:
             self.routed_sync -= 1
             self.sync_path.left(False)
+        self._probing = False
 
     def hedge_at(self, submitted: float, turns_left: float, size: int | None,
                  waiting: int = 0) -> float | None:
@@ -240,14 +242,16 @@ class Router:
         Without one: past the p90 of provider batches at least ``SIMILAR`` times the size of
         the turn's own (``size``; None while it is not submitted): a batch ends with its
         slowest request, so the p90 of small batches would hedge a big one still on course,
-        every turn of it at the sync price."""
+        every turn of it at the sync price. While ``"auto"``'s probe is out, the deadline's
+        hedge time is not known: on the prior (``PRIOR_SYNC_S`` a turn, behind every waiting
+        turn) a worker claiming turns as the probe leaves hedged every one of them."""
         times = []
         if size is not None and self.deadline is None:
             similar = self.batch_latency.of_size(SIMILAR * size)
             p90 = self.quantile(0.9, SIMILAR * size)
             if p90 is not None and len(similar) >= MIN_SAMPLES:
                 times.append(submitted + p90)
-        if self.deadline is not None:
+        if self.deadline is not None and not (self._probing and not self.sync_latency.samples):
             ahead = self.sync_path.backlog + max(waiting, 0)
             times.append(self.deadline - self.sync_estimate(ahead)
                          - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
@@ -272,4 +276,5 @@ class Router:
             answered = True
         finally:
             self.sync_path.left(answered)
+            self._probing = False
         self.sync_latency.add(time.monotonic() - started)
