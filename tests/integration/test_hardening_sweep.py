@@ -15,13 +15,13 @@ import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.distributed.state.keys import SWEEP_LOCK, WATCH, BatchKeys
+from agentbatch.distributed.state.keys import SWEEP_LOCK, WATCH, BatchKeys, parked_key
 from agentbatch.distributed.state.redis_store import BatchStore
 from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
 from agentbatch.distributed.workers.context import WorkerContext
 from agentbatch.distributed.workers.envelope import queue_key
 from agentbatch.distributed.workers.settings import WorkerSettings
-from agentbatch.distributed.workers.sweep import QUEUED_GRACES, sweep_once
+from agentbatch.distributed.workers.sweep import LISTS, sweep_once
 from tests.support.tools import Answer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -96,23 +96,32 @@ def test_a_lost_unstarted_message_is_resent_while_other_work_keeps_the_queue_bus
         redis_url, sim_url, start_workers, monkeypatch):
     grace_s = 2.0
     monkeypatch.setenv("AGENTBATCH_QUEUE_GRACE_S", str(grace_s))  # the first deadlines
+    env = {"AGENTBATCH_QUEUE_GRACE_S": str(grace_s)}
     client = redis.from_url(redis_url, decode_responses=True)
-    # Only a tools worker: it runs the sweep and nothing consumes the inference queue, so
-    # the busy batch's messages keep that queue non-empty for the whole test.
-    start_workers(1, queues="tools", concurrency=2,
-                  env={"AGENTBATCH_QUEUE_GRACE_S": str(grace_s)})
+    # A tools worker runs the sweep; the inference queue is consumed by one slot only, so
+    # the other batches' messages keep its list busy while it moves.
+    start_workers(1, queues="tools", concurrency=2, env=env)
     busy = _submit(redis_url, sim_url, 50)
     lost = _submit(redis_url, sim_url, 1)
     _lose(client, lost.batch_id)
+    member = BatchKeys(lost.batch_id).member(0)
     started = time.monotonic()
-    deadline = started + 30 * grace_s  # far past the bound (3 graces), far short of never
+    deadline = started + 30 * grace_s
+    while time.monotonic() < deadline and not any(
+            client.zscore(parked_key(key), member) for key in LISTS):
+        time.sleep(0.2)  # found due, its list busy: parked (sweep.py)
+    more = _submit(redis_url, sim_url, 50)  # sent after it was parked
+    start_workers(1, queues="inference", concurrency=1, env=env)
     while time.monotonic() < deadline and not _messages_of(client, lost.batch_id):
-        assert _messages_of(client, busy.batch_id)  # the queue stayed busy throughout
+        if lost.status()["finished"]:
+            break
         time.sleep(0.2)
     waited = time.monotonic() - started
-    assert _messages_of(client, lost.batch_id), (
-        f"not re-sent within {waited:.1f} s (bound: {QUEUED_GRACES} x {grace_s} s grace)")
+    assert lost.wait(timeout=120)[0].ok, f"not re-sent within {waited:.1f} s"
     assert lost.status().get("stat:recovered", 0) == 1
+    for handle in (busy, more):  # only queued: never re-sent
+        assert all(r.ok for r in handle.wait(timeout=120))
+        assert handle.status().get("stat:recovered", 0) == 0
 
 
 # --- item 8: overlapping sweepers ----------------------------------------------------------

@@ -150,8 +150,8 @@ def test_the_sweep_does_not_resend_work_that_is_only_queued(redis_url, sim_url,
     start_workers(1, queues="tools", concurrency=2, env={"AGENTBATCH_QUEUE_GRACE_S": "4"})
     handle = _submit(redis_url, sim_url, "Agent {i}.", [{"i": i} for i in range(200)])
     client = redis.from_url(redis_url)
-    # 2 graces: the sweep's first look (at 1 grace) lets them wait; the bound on a busy
-    # queue (sweep.QUEUED_GRACES = 3 graces after submit) re-sends them only later
+    # 2 graces: the sweep's first look (at 1 grace) parks them: their list has not moved
+    # (test_sweep_parking.py: not re-sent however long they wait)
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         assert _queued(client, INFERENCE_QUEUE) == 200

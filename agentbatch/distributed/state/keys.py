@@ -14,6 +14,10 @@ SWEEP_LOCK = f"{PREFIX}:sweep:lock"  # one sweeper at a time, fleet-wide
 # zset: "<batch id>:<index>" -> progress deadline (ms), every live agent of every batch. One
 # fleet-wide set, so a sweep pass costs O(agents due), whatever the number of active batches.
 WATCH = f"{PREFIX}:watch"
+# zset per task queue list: "<batch id>:<index>" -> when the sweep found that agent's version
+# not started while its message waited in that list (ms). Woken once the list has moved past
+# it (distributed/workers/sweep.py): an agent only queued costs the sweep no look meanwhile.
+PARKED = f"{PREFIX}:parked"
 TOOL_DONE_CHANNEL = f"{PREFIX}:tool:done"  # pub/sub: "<key hash>:<token>" when a leader finishes
 DEAD_LETTERS = f"{PREFIX}:deadletter"  # list: queue messages no worker could decode
 TOMBSTONE_S = 30 * 24 * 3600  # how long a batch's ``gone`` key outlives its retention
@@ -127,6 +131,11 @@ def watch_member(member: str) -> tuple[str, int]:
     """(batch id, index) of a ``WATCH`` member."""
     batch_id, _, index = member.rpartition(":")
     return batch_id, int(index)
+
+
+def parked_key(list_key: str) -> str:
+    """The ``PARKED`` zset of one queue list (kombu's list key: queue and priority step)."""
+    return f"{PARKED}:{list_key}"
 
 
 def tool_lock(key_hash: str) -> str:

@@ -97,7 +97,6 @@ class Inspection:
     leased: bool
     started: bool  # the current version was started (the ``started`` hash names it)
     score: int | None  # the deadline as read: a re-send is fenced on it (``resend``)
-    deferred: bool  # the sweep already let this version wait once on a busy queue
     damage: str = ""  # the stored entry does not parse: why
     entry: str = ""  # the raw entry, when damaged
 
@@ -152,10 +151,21 @@ def entry_state(entry: str) -> AgentState:
     return AgentState.model_validate_json(entry.partition(":")[2])
 
 
-def deferral_field(index: int) -> str:
-    """The ``resends`` hash field holding the version the sweep last let wait on a busy
-    queue (beside the "<index>" re-send counts, so it expires and is deleted with them)."""
+def park_field(index: int) -> str:
+    """The ``resends`` hash field holding "<version>:<ms>": the version the sweep found
+    waiting in its queue list, and when (beside the "<index>" re-send counts, so it expires
+    and is deleted with them)."""
     return f"q:{index}"
+
+
+@dataclass(frozen=True)
+class Parking:
+    """One never-started agent the sweep lets wait in its queue list (``BatchStore.park``)."""
+
+    index: int
+    version: int
+    parked_key: str  # the list's ``PARKED`` zset (``keys.parked_key``)
+    since_ms: int  # when it was first found waiting there, at this version
 
 
 def entry_version(entry: str) -> int:
@@ -369,31 +379,45 @@ class BatchStore:
             p.hget(k.state, index)
             p.exists(k.lease(index))
             p.zscore(k.watch, k.member(index))
-            p.hget(k.resends, deferral_field(index))
             p.hget(k.started, index)
-            entry, leased, score, deferred_at, started_at = await p.execute()
+            entry, leased, score, started_at = await p.execute()
         seen = None if score is None else int(score)
         if not entry:
-            return Inspection(None, bool(leased), False, seen, False)
+            return Inspection(None, bool(leased), False, seen)
         started = started_at is not None and started_at == entry.partition(":")[0]
         try:
             state = entry_state(entry)
         except Exception as exc:  # any parse failure: the agent cannot run
-            return Inspection(None, bool(leased), started, seen, False,
+            return Inspection(None, bool(leased), started, seen,
                               damage=damage_reason(exc), entry=entry)
-        return Inspection(state, bool(leased), started, seen,
-                          deferred_at == str(state.version))
+        return Inspection(state, bool(leased), started, seen)
 
-    async def defer(self, indices: Sequence[int], later_ms: int) -> list[int]:
-        """Let due agents that were never started wait on a busy queue once per version:
-        each not started and not yet deferred at its current version gets its deadline moved
-        to ``later_ms``; returns the others (started, deferred once already, gone or
-        unreadable), which the sweep looks at itself. One script call for all of them
-        (``defer.lua``)."""
+    async def glance(self, indices: Sequence[int]) -> list[tuple[str | None, str | None,
+                                                                 str | None]]:
+        """(state entry, started version, park mark) of each agent: what the sweep needs to
+        tell an agent only queued from one to look at, three commands for any number."""
+        k, fields = self.k, [str(i) for i in indices]
+        async with self.r.pipeline(transaction=False) as p:
+            p.hmget(k.state, fields)
+            p.hmget(k.started, fields)
+            p.hmget(k.resends, [park_field(i) for i in indices])
+            entries, started, marks = await p.execute()
+        return list(zip(entries, started, marks, strict=True))
+
+    async def park(self, rows: Sequence[Parking], look_at_ms: int) -> list[int]:
+        """Let never-started agents wait in their queue lists: each still at its version and
+        not started gets its park mark, its member in its list's ``PARKED`` zset (scored
+        ``since_ms``) and its deadline moved to ``look_at_ms``, all in one script
+        (``park.lua``) whose commands do not grow with the agents. Returns the indices
+        parked (the others moved on meanwhile)."""
         k = self.k
-        return [int(i) for i in await self.s.defer(
-            keys=[k.state, k.resends, k.watch, k.started],
-            args=[later_ms, self.batch_id, json_array(str(i) for i in indices)])]
+        zsets = sorted({r.parked_key for r in rows})
+        slot = {key: n for n, key in enumerate(zsets, start=1)}
+        return [int(i) for i in await self.s.park(
+            keys=[k.state, k.started, k.resends, k.watch, *zsets],
+            args=[look_at_ms, self.batch_id,
+                  json_array(f"{r.index}:{r.version}:{slot[r.parked_key]}:{r.since_ms}"
+                             for r in rows)])]
 
     async def resend(self, state: AgentState, enqueue: Sequence[tuple[str, str]], *,
                      recheck_ms: int, max_resends: int, audit: bool = False,
@@ -450,6 +474,21 @@ async def due_agents(client: Any, limit: int = 500) -> list[tuple[str, int]]:
     await sync_clock(client)
     found = await client.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
     return [watch_member(m) for m in found]
+
+
+async def wake_passed(client: Any, scripts: Scripts, passed: dict[str, float],
+                      wake_at_ms: int, limit: int = 1000) -> int:
+    """Wake the parked agents each list has moved past: ``passed`` maps a ``PARKED`` zset
+    to the park time its list has moved past (``inf``: the list is empty). Their deadlines
+    come down to ``wake_at_ms`` unless already sooner (a claim set them); one script call
+    (``wake.lua``), at most ``limit`` agents per zset. Returns how many were woken."""
+    if not passed:
+        return 0
+    keys = sorted(passed)
+    return int(await scripts.wake(
+        keys=[WATCH, *keys],
+        args=[wake_at_ms, limit,
+              *("+inf" if math.isinf(passed[key]) else f"({int(passed[key])}" for key in keys)]))
 
 
 def retention_ms(retention_s: float) -> int:

@@ -18,7 +18,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "lock_renew",
          "tool_finish",
          "sem_throttle", "sem_success",
-         "note", "sem_renew", "rate_take", "defer",
+         "note", "sem_renew", "rate_take", "park", "wake",
          "cancel", "submit")
 
 
@@ -52,5 +52,6 @@ class Scripts:
     lock_renew: Any
     note: Any
     submit: Any
-    defer: Any
+    park: Any
+    wake: Any
     cancel: Any

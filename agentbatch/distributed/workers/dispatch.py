@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -12,6 +13,7 @@ from celery import Celery
 from agentbatch.core.agent_state import AgentState
 from agentbatch.core.turns import CallModel, RunTools, TurnPolicy, next_action
 from agentbatch.distributed.state.connection import broker_client_url, sync_client
+from agentbatch.distributed.state.redis_store import now_ms
 from agentbatch.distributed.workers.app import (
     INFERENCE_QUEUE,
     PRIORITY_STEPS,
@@ -71,9 +73,34 @@ def followups_for(batch_id: str, policy: TurnPolicy, state: AgentState,
     return []
 
 
-def envelopes(app: Celery, followups: list[Followup]) -> list[tuple[str, str]]:
-    return [envelope(app, f.task, list(f.args), f.queue, f.priority, countdown=f.countdown)
-            for f in followups]
+SENT_KEY = "ab_sent_ms"
+"""A task message's top-level field (kombu ignores it): when it was sent, by Redis's clock
+(``now_ms``). The recovery sweep reads it off the oldest message of a list to tell how far
+the list has moved (``sweep.py``); 0 means "says nothing" (a re-send jumps the queue)."""
+_SENT = re.compile(r'\{"' + SENT_KEY + r'":(\d+),')
+
+
+def envelopes(app: Celery, followups: list[Followup],
+              sent_ms: int | None = None) -> list[tuple[str, str]]:
+    """(list key, payload) per task, each stamped with ``sent_ms`` (default: now). A stamp
+    is taken before the message is pushed, so it is never later than its push."""
+    stamp = '{"' + SENT_KEY + f'":{now_ms() if sent_ms is None else sent_ms},'
+    out = []
+    for f in followups:
+        key, payload = envelope(app, f.task, list(f.args), f.queue, f.priority,
+                                countdown=f.countdown)
+        out.append((key, stamp + payload[1:]))  # payload: a JSON object, '{"body": ...'
+    return out
+
+
+def sent_ms_of(payload: str | bytes | None) -> int:
+    """A message's ``SENT_KEY`` stamp; 0 for a message without one (sent by anything else,
+    or handed back by kombu, which rewrites it)."""
+    if payload is None:
+        return 0
+    text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
+    m = _SENT.match(text)
+    return int(m.group(1)) if m else 0
 
 
 @cache

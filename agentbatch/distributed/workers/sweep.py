@@ -7,13 +7,20 @@ what Redis shows:
 - the agent's current version was *started* (a claim or a tool call recorded it in the
   batch's ``started`` hash) and nothing
   committed or renewed since: its worker died mid-turn, so its task is re-sent at once;
-- it was never started and its queue still holds messages: it is most likely still queued,
-  so it is let wait once per version, ``QUEUED_GRACES - 1`` more queue graces (one script
-  call per batch, ``defer.lua``, which records the version it let wait). Found due again at
-  the same version, it is re-sent: a message lost while other batches keep the queue busy
-  is re-sent ``QUEUED_GRACES`` x the queue grace after its commit at the latest. If it was
-  only queued after all, the copy that runs second is dropped as stale or busy;
-- it was never started and its queue is empty: the message is gone (a worker that had
+- it was never started and its queue list holds messages: its message is most likely
+  waiting there, so it is *parked*: its list's ``PARKED`` zset records when it was found
+  waiting (``park.lua``, one script call per batch whatever the number of agents). Every
+  task message carries the time it was sent (``dispatch.SENT_KEY``) and a list is first in,
+  first out, so once the oldest message left in the list was sent after that time, every
+  message pushed before it has left the list: taken by a worker, or lost with one. Then
+  ``wake.lua`` brings the agent's deadline back, one queue grace on: a worker that took its
+  message has started it by then (its lease is watched from there), and one still not
+  started is re-sent. An agent only queued thus costs the sweep nothing while it waits, however
+  long its list is starved by higher priorities; a lost message is re-sent once its list
+  has moved past the time it was found due (a list nothing consumes holds it, as it would
+  hold a copy). Its deadline while parked is a backstop (``PARKED_LOOK_GRACES``): found due
+  again with its list not yet moved past it, it is parked again;
+- it was never started and its list is empty: the message is gone (a worker that had
   prefetched it died), so it is re-sent;
 - its state entry cannot be read (written by another version, or damaged): it can never
   run, so it is ended with an ``internal`` error (``steps.end_damaged``);
@@ -45,22 +52,42 @@ from collections.abc import AsyncIterator
 from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.turns import Abandoned, step
 from agentbatch.distributed.state.damaged import placeholder_state
-from agentbatch.distributed.state.keys import ACTIVE_BATCHES, SWEEP_LOCK, WATCH, BatchKeys
-from agentbatch.distributed.state.redis_store import BatchStore, Inspection, due_agents, now_ms
+from agentbatch.distributed.state.keys import (
+    ACTIVE_BATCHES,
+    SWEEP_LOCK,
+    WATCH,
+    BatchKeys,
+    parked_key,
+    watch_member,
+)
+from agentbatch.distributed.state.redis_store import (
+    Inspection,
+    Parking,
+    entry_state,
+    now_ms,
+    sync_clock,
+    wake_passed,
+)
 from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS, TOOLS_QUEUE
 from agentbatch.distributed.workers.app import app as celery_app
 from agentbatch.distributed.workers.context import LoadedBatch, WorkerContext
-from agentbatch.distributed.workers.dispatch import envelopes, followups_for
+from agentbatch.distributed.workers.dispatch import envelopes, followups_for, sent_ms_of
 from agentbatch.distributed.workers.envelope import queue_key
 from agentbatch.distributed.workers.steps import commit, end_damaged, finish_tools
 
 log = logging.getLogger(__name__)
 
-QUEUED_GRACES = 3
-"""A never-started agent whose queue stays busy is re-sent at the latest this many queue
-graces after its commit (the first look, then one wait of the rest): a lost message is not
-held up by other batches' load for ever, and an agent only queued that long gets one cheap
-duplicate (the copy that runs second is dropped as stale or busy)."""
+LISTS = tuple(queue_key(q, p) for q in (INFERENCE_QUEUE, TOOLS_QUEUE) for p in PRIORITY_STEPS)
+"""Every task queue list kombu reads (queue and priority step)."""
+PARKED_LOOK_GRACES = 10
+"""A parked agent's deadline, in queue graces after it was parked: only a backstop (a wake
+lost with a sweeper that died mid-pass, a parked zset lost in a failover). Its list moving
+past it is what normally brings it back; found due with its list not yet moved past it, it
+is parked again, in one script call per batch."""
+CLOCK_SLACK_MS = 1000
+"""Sent times and park times are read off different processes' copies of Redis's clock
+(``now_ms``): a list counts as moved past a time only when its oldest message was sent this
+much later."""
 
 
 async def sweep_once(ctx: WorkerContext, *, limit: int = 500) -> int:
@@ -101,62 +128,56 @@ async def _lock_renewal(ctx: WorkerContext, token: str, lock_ms: int) -> AsyncIt
 
 
 async def _sweep_due(ctx: WorkerContext, limit: int) -> int:
-    """The pass itself, under the lock."""
-    due = await due_agents(ctx.redis, limit)
-    if not due:
+    """The pass itself, under the lock: wake the parked agents their lists have moved past,
+    then decide for the agents due."""
+    await sync_clock(ctx.redis)
+    async with ctx.redis.pipeline(transaction=False) as p:
+        p.zrangebyscore(WATCH, "-inf", now_ms(), start=0, num=limit)
+        p.exists(*(parked_key(key) for key in LISTS))
+        found, parked = await p.execute()
+    if not found and not parked:
         return 0
-    waiting = await _queue_waiting(ctx)
-    if all(waiting.values()):
-        due = await _still_queued_later(ctx, due)
+    heads = await _list_heads(ctx)
+    if parked:
+        woken = await wake_passed(ctx.redis, ctx.scripts, _passed_bounds(heads),
+                                  now_ms() + ctx.settings.queue_grace_ms)
+        if woken:
+            log.debug("sweep woke %d parked agent(s) their queue lists moved past", woken)
     by_batch: dict[str, list[int]] = {}
-    for batch_id, index in due:
+    for batch_id, index in map(watch_member, found):
         by_batch.setdefault(batch_id, []).append(index)
     sent = 0
     for batch_id, indices in by_batch.items():
         try:
-            sent += await _sweep_batch(ctx, batch_id, indices, waiting)
+            sent += await _sweep_batch(ctx, batch_id, indices, heads)
         except Exception:  # one bad batch never stops the recovery of the others
             log.exception("sweeping batch %s failed; the other batches are swept", batch_id)
     return sent
 
 
-async def _still_queued_later(ctx: WorkerContext,
-                              due: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """With messages waiting on both queues, an agent whose version was never started is
-    still queued, most likely (what ``_sweep_batch`` would conclude after reading its state,
-    lease and started mark: five commands each): let each wait once per version, in one
-    script call per batch (``defer.lua``, which reads the started marks itself). A big batch
-    queued longer than the grace no longer costs the sweep a read per agent per pass.
-    Returns the agents still to look at one by one: the started ones, and those already let
-    wait at their version."""
-    by_batch: dict[str, list[int]] = {}
-    for batch_id, index in due:
-        by_batch.setdefault(batch_id, []).append(index)
-    again: set[tuple[str, int]] = set()
-    for batch_id, indices in by_batch.items():
-        store = BatchStore(ctx.redis, ctx.scripts, batch_id)
-        again.update((batch_id, i) for i in await store.defer(indices, _deferred_until(ctx)))
-    return [row for row in due if row in again]
-
-
-def _deferred_until(ctx: WorkerContext) -> int:
-    """Where a never-started agent's deadline goes when it is let wait on a busy queue."""
-    return now_ms() + (QUEUED_GRACES - 1) * ctx.settings.queue_grace_ms
-
-
-async def _queue_waiting(ctx: WorkerContext) -> dict[str, int]:
-    """Messages waiting on each queue (all priority lists), read once per pass."""
+async def _list_heads(ctx: WorkerContext) -> dict[str, int | None]:
+    """Per queue list, when its oldest message was sent (0: unknown), None when empty."""
     async with ctx.redis.pipeline(transaction=False) as p:
-        for queue in (INFERENCE_QUEUE, TOOLS_QUEUE):
-            for pri in PRIORITY_STEPS:
-                p.llen(queue_key(queue, pri))
-        lengths = await p.execute()
-    n = len(PRIORITY_STEPS)
-    return {INFERENCE_QUEUE: sum(lengths[:n]), TOOLS_QUEUE: sum(lengths[n:])}
+        for key in LISTS:
+            p.lindex(key, -1)  # kombu pushes on the left and pops on the right
+        oldest = await p.execute()
+    return {key: None if m is None else sent_ms_of(m) for key, m in zip(LISTS, oldest,
+                                                                         strict=True)}
+
+
+def _moved_past(head: int | None) -> float:
+    """The time a list has moved past: every message pushed before it has left the list."""
+    return float("inf") if head is None else head - CLOCK_SLACK_MS
+
+
+def _passed_bounds(heads: dict[str, int | None]) -> dict[str, float]:
+    """Per parked zset, the time its list has moved past (lists that say nothing left out)."""
+    return {parked_key(key): _moved_past(head) for key, head in heads.items()
+            if head is None or head > CLOCK_SLACK_MS}
 
 
 async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
-                       waiting: dict[str, int]) -> int:
+                       heads: dict[str, int | None]) -> int:
     # a plan this worker cannot read: its dropped tasks are re-sent (for a worker that can)
     # until the re-send cap ends the agents with kind ``config`` (``_resend``)
     loaded = await ctx.batch(batch_id) or await ctx.unreadable_batch(batch_id)
@@ -170,27 +191,66 @@ async def _sweep_batch(ctx: WorkerContext, batch_id: str, indices: list[int],
         await ctx.redis.zrem(WATCH, *members)  # deleted or expired under its agents
         await ctx.redis.srem(ACTIVE_BATCHES, batch_id)
         return 0
+    now = now_ms()
+    park: list[Parking] = []
+    look: list[tuple[int, bool]] = []  # (index, lost): the agents to look at one by one
+    for index, seen in zip(indices, await loaded.store.glance(indices), strict=True):
+        lists = _queued_lists(loaded, *seen[:2])
+        if lists is None:  # started, ended, gone or unreadable: look at it on its own
+            look.append((index, False))
+            continue
+        version = int(seen[0].partition(":")[0])  # type: ignore[union-attr]
+        since = _parked_since(seen[2], version)
+        if any(heads.get(key) is None for key in lists) or (
+                since is not None and all(since < _moved_past(heads[key]) for key in lists)):
+            look.append((index, True))  # its list is empty, or moved past it: lost
+        else:
+            park.append(Parking(index, version, parked_key(lists[0]),
+                                now if since is None else since))
+    if park:
+        await loaded.store.park(park, now + PARKED_LOOK_GRACES * ctx.settings.queue_grace_ms)
     sent = 0
-    wait: list[int] = []
-    for index in indices:
+    for index, lost in look:
         try:
-            sent += await _sweep_agent(ctx, loaded, index, waiting, wait)
+            sent += await _sweep_agent(ctx, loaded, index, lost)
         except Exception:  # one bad agent never stops the sweep of the others
             log.exception("sweeping agent %s of batch %s failed; looking again later", index,
                           batch_id)
             with contextlib.suppress(Exception):  # a moved deadline: no hot loop on it
                 await loaded.store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
-    if wait:
-        await loaded.store.defer(wait, _deferred_until(ctx))
     if sent:
         log.warning("sweep re-sent %d task(s) for batch %s", sent, batch_id)
     return sent
 
 
+def _queued_lists(loaded: LoadedBatch, entry: str | None,
+                  started: str | None) -> list[str] | None:
+    """The queue lists holding a never-started agent's next task(s), or None for an agent
+    the sweep looks at on its own (started, ended, gone, unreadable, or nothing to send)."""
+    if entry is None or started == entry.partition(":")[0]:
+        return None
+    try:
+        state = entry_state(entry)
+    except Exception:  # damaged: ``_sweep_agent`` ends it
+        return None
+    if state.status.terminal:
+        return None
+    followups = followups_for(loaded.plan.batch_id, loaded.policy, state)
+    return [queue_key(f.queue, f.priority) for f in followups] or None
+
+
+def _parked_since(mark: str | None, version: int) -> int | None:
+    """When the agent was parked at ``version`` (its park mark, "<version>:<ms>"), if it was."""
+    if not mark:
+        return None
+    at, _, since = mark.partition(":")
+    return int(since) if at == str(version) and since.isdigit() else None
+
+
 async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int,
-                       waiting: dict[str, int], wait: list[int]) -> int:
-    """Decide for one due agent; returns the tasks re-sent. Appends to ``wait`` an agent to
-    let wait on its busy queue (``defer``, once per batch)."""
+                       lost: bool) -> int:
+    """Decide for one due agent; returns the tasks re-sent. ``lost``: never started, and its
+    list empty or moved past it."""
     store = loaded.store
     seen: Inspection = await store.inspect(index)
     state = seen.state
@@ -207,9 +267,8 @@ async def _sweep_agent(ctx: WorkerContext, loaded: LoadedBatch, index: int,
         return 0
     if state is None:  # gone (handled above); for the type checker
         return 0
-    queue = TOOLS_QUEUE if state.status is AgentStatus.AWAITING_TOOLS else INFERENCE_QUEUE
-    if not seen.started and waiting[queue] > 0 and not seen.deferred:
-        wait.append(index)  # never started, queue busy: still queued, most likely
+    if not seen.started and not lost:  # a new version since the pass looked: next pass
+        await store.push_deadline(index, now_ms() + ctx.settings.queue_grace_ms)
         return 0
     return await _resend(ctx, loaded, state, seen.score)
 
@@ -227,7 +286,9 @@ async def _resend(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
     followups = followups_for(loaded.plan.batch_id, loaded.policy, state, skip_calls=skip)
     if not followups:
         return 0
-    n = await store.resend(state, envelopes(celery_app, followups),
+    # sent time 0: a re-send jumps to the consuming end, where its time would make the
+    # list look moved past the agents still waiting in it
+    n = await store.resend(state, envelopes(celery_app, followups, sent_ms=0),
                            recheck_ms=ctx.settings.lease_ttl_ms,
                            max_resends=ctx.settings.max_resends, audit=ctx.settings.audit,
                            seen_score=seen_score)
