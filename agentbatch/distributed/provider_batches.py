@@ -117,6 +117,7 @@ class _Turn:
     version: int
     request: ModelRequest
     future: asyncio.Future[ItemResult]
+    resubmit: bool = False  # its record said SUBMITTING: counted as resubmitted already
 
 
 @dataclass
@@ -283,7 +284,8 @@ class ProviderBatches:
                                 "its turn to a provider batch; submitted again (it may be "
                                 "paid twice: counted in stat:provider_batch_resubmitted)",
                                 index, version, plan.batch_id)
-                lane.pending.append((cid, _Turn(store, index, version, request, future)))
+                lane.pending.append((cid, _Turn(store, index, version, request, future,
+                                                resubmit=found == SUBMITTING)))
                 if lane.flusher is None or lane.flusher.done():
                     lane.flusher = asyncio.create_task(self._flush(lane))
         started = checked = time.monotonic()
@@ -394,7 +396,7 @@ class ProviderBatches:
         for _, turn in chunk:
             per_batch.setdefault(turn.store.batch_id, []).append(turn)
         try:
-            await self._record(per_batch, SUBMITTING)
+            await self._claim_records(per_batch)
             for batch_id, turns in per_batch.items():
                 await self.note(batch_id, "provider_batches", 1)
                 await self.note(batch_id, "provider_batch_items", len(turns))
@@ -417,6 +419,30 @@ class ProviderBatches:
                                                {cid for cid, _ in chunk})
         for cid, turn in chunk:
             self._watch(client, state.id, cid, turn.store)
+
+    async def _claim_records(self, per_batch: dict[str, list[_Turn]]) -> None:
+        """Record the turns as being submitted. A record already there that this process did
+        not read when the turn arrived is another worker's submit of the same turn (a live
+        turn re-sent after its lease lapsed, both in their windows at once): the turn is
+        paid twice, so it is counted (``stat:provider_batch_resubmitted``). HSETNX makes
+        exactly one of two racing workers the first."""
+        for batch_id, turns in per_batch.items():
+            store = turns[0].store
+            pipe = store.r.pipeline(transaction=False)
+            for t in turns:
+                pipe.hsetnx(store.k.provider_batches, record_field(t.index, t.version),
+                            SUBMITTING)
+            pipe.pexpire(store.k.provider_batches, RECORD_TTL_MS)
+            created = (await pipe.execute())[:-1]
+            again = [t for t, new in zip(turns, created, strict=True) if not new]
+            if again:  # the record is ours from now (the other submit keeps its answer)
+                await self._record({batch_id: again}, SUBMITTING)
+            twice = [t for t in again if not t.resubmit]
+            if twice:
+                await self.note(batch_id, "provider_batch_resubmitted", len(twice))
+                log.warning("batch %s: %d turns were in another worker's provider batch "
+                            "submit already (re-sent while live); submitted again (counted "
+                            "in stat:provider_batch_resubmitted)", batch_id, len(twice))
 
     @staticmethod
     async def _record(per_batch: dict[str, list[_Turn]], value: str) -> None:
