@@ -529,8 +529,9 @@ def render_cost(data: dict[str, Any]) -> str:
     """bench_cost.py's table (also in docs/cost.md), under a heading."""
     from benchmarks.bench_cost import render
 
-    return "### Cost: all-sync, all-batch and `pricing=\"auto\"` under three deadlines\n\n" + \
-        render(data)
+    engine = " (distributed engine)" if data.get("benchmark") == "cost_distributed" else ""
+    return ("### Cost: all-sync, all-batch and `pricing=\"auto\"` under three deadlines"
+            f"{engine}\n\n") + render(data)
 
 
 def render_hedge(data: dict[str, Any]) -> str:
@@ -618,6 +619,7 @@ RENDERERS = {"embedded": render_embedded, "engine_pool": render_engine_pool,
              "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
              "profile_fleet": render_profile_fleet, "cost": render_cost,
+             "cost_distributed": render_cost,
              "hedge": render_hedge,
              "fleet_before_after": render_fleet_before_after}
 
