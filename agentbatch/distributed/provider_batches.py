@@ -179,7 +179,9 @@ class ProviderBatches:
             router = Router(mode, plan.deadline_at, plan.total, clock=redis_clock,
                             running=running)
             if len(self._routers) > 256:  # finished batches' routers: the oldest go
-                self._routers.pop(next(iter(self._routers)))
+                oldest = next(iter(self._routers))
+                for kept in (self._routers, self._live, self._finished):
+                    kept.pop(oldest, None)
             self._routers[batch_id] = router
         return router
 

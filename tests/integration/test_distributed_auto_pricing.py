@@ -195,3 +195,22 @@ def test_auto_on_a_backend_without_a_batch_api_is_refused_before_anything_is_enq
                      redis_url=redis_url)
     assert "pricing='auto'" in str(err.value) and "no provider batch API" in str(err.value)
     assert redis.from_url(redis_url).dbsize() == 0
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_failed_provider_batch_items_go_to_the_sync_api_while_the_deadline_allows(
+        redis_url, start_workers) -> None:
+    with SimServer(SimConfig(fixed_ms=5, batch_latency_s=0.3, batch_latency_spread=0.0,
+                             batch_failure_rate=1.0)) as sim:
+        start_workers(1, concurrency=8)
+        handle = _submit(redis_url, sim, pricing="batch", deadline=300.0)
+        results = _finish(handle)
+        stats = handle.status()
+        # every item failed at the provider; each turn was answered once, by the sync API
+        assert stats["stat:provider_batch_fallback_sync"] == 2 * N
+        assert _chat_requests(sim) == 2 * N
+        assert "stat:batch_hedged" not in stats  # the deadline was far: no hedge was needed
+        for r in results:
+            assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL]))
+        _provider_saw_what_was_counted(sim, stats)
