@@ -175,6 +175,14 @@ class LlamaCppBackend(OpenAICompatBackend):
         self.slot_affinity = slot_affinity
         self.cache_probe: CacheProbe | None = None
         self._picker: SlotPicker | None = None
+        # Set by ``EndpointPool``: one server of a pool. Its turns are then pinned only where
+        # the server's own slot choice loses the prefix (``CacheProbe.defeated``): a turn
+        # pinned with ``id_slot`` is never restored from llama.cpp's host-memory prompt cache
+        # on this build, so in a pool, where affinity already keeps an agent on one server
+        # and agents outnumber its slots, pinning made an agent whose slot was taken compute
+        # its whole conversation again, and every slot compute the shared prefix (issue 26
+        # item 2, docs/engine-llamacpp.md).
+        self.pooled = False
         self.compact_json = compact_json
         self.jump_forward = jump_forward and compact_json
         self._splits: dict[int, tuple[Any, tuple[str, str] | None]] = {}
@@ -280,8 +288,9 @@ class LlamaCppBackend(OpenAICompatBackend):
     # -- warm-up: does the prompt cache work, and does pinning keep it -----------------------
 
     async def probe_cache(self, request: ModelRequest) -> CacheProbe | None:
-        """Send the shared prefix (``max_tokens`` 1) pinned to slot 0, slot 1, slot 0 again,
-        then unpinned, reading each reply's cached-token count. The unpinned repeat shows
+        """Send the shared prefix (``max_tokens`` 1) pinned to slot 0, a one-word prompt to
+        slot 1, the prefix to slot 0 again, then unpinned, reading each reply's cached-token
+        count. The unpinned repeat shows
         whether the server's own slot choice keeps the prefix (if not, one warning names the
         flags that defeat it); the third whether a slot keeps it while another slot works
         (then, with ``slot_affinity`` unset, turns are pinned: ``SlotPicker``). Neither can be
@@ -291,7 +300,12 @@ class LlamaCppBackend(OpenAICompatBackend):
             pinned: int | None = None
             if slots > 1:
                 first = await self._probe_once(request, 0)
-                await self._probe_once(request, 1)
+                # Slot 1 works between the two requests to slot 0 (so a server that clears
+                # idle slots shows it), on a one-word prompt: a request pinned with id_slot
+                # is never restored from llama.cpp's host-memory cache, so sending the prefix
+                # there computed it a second time on every server (issue 26 item 2).
+                await self._probe_once(request.model_copy(update={"messages": [
+                    {"role": "user", "content": "ok"}]}), 1)
                 pinned = (await self._probe_once(request, 0))[1]
                 unpinned = (await self._probe_once(request, None))[1]
                 total = first[0]
@@ -312,7 +326,8 @@ class LlamaCppBackend(OpenAICompatBackend):
                 "a setting of this llama-server defeats its prompt cache. On this build that "
                 "is one of: %s. Restart it without that setting; meanwhile %s.",
                 self.name, unpinned, total, "; ".join(CACHE_DEFEATING_FLAGS), fix)
-        if self.slot_affinity is None and probe.pinning_keeps_prefix:
+        if self.slot_affinity is None and probe.pinning_keeps_prefix and (
+                probe.defeated or not self.pooled):
             self._picker = SlotPicker(slots)
         log.debug("%s: cache probe %s; pinning %s", self.name, probe,
                   "on" if self._picker else "off")
