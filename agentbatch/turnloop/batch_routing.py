@@ -231,6 +231,8 @@ class Router:
         if self.routed_sync > 0:
             self.routed_sync -= 1
             self.sync_path.left(False)
+        if self._probing and not self.sync_latency.samples:
+            self._probed = False  # an unsent probe measured nothing: the next turn probes
         self._probing = False
 
     def hedge_at(self, submitted: float, turns_left: float, size: int | None,

@@ -48,3 +48,11 @@ def test_an_unsent_routed_turn_leaves_the_sync_backlog() -> None:
     assert router.sync_path.backlog == 1
     router.unroute()  # refused before its request
     assert router.sync_path.backlog == 0 and router.routed_sync == 0
+
+
+def test_an_unsent_probe_is_sent_again_by_the_next_turn() -> None:
+    router = Router("auto", time.monotonic() + 100.0, total=100)
+    assert router.route(3, 100) == "sync"
+    router.unroute()  # e.g. the turn was in a provider batch already (a re-sent turn)
+    assert router.route(3, 100) == "sync"
+    assert router.stats["routed_sync_probe"] == 2
