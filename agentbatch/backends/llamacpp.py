@@ -175,14 +175,6 @@ class LlamaCppBackend(OpenAICompatBackend):
         self.slot_affinity = slot_affinity
         self.cache_probe: CacheProbe | None = None
         self._picker: SlotPicker | None = None
-        # Set by ``EndpointPool``: one server of a pool. Its turns are then pinned only where
-        # the server's own slot choice loses the prefix (``CacheProbe.defeated``): a turn
-        # pinned with ``id_slot`` is never restored from llama.cpp's host-memory prompt cache
-        # on this build, so in a pool, where affinity already keeps an agent on one server
-        # and agents outnumber its slots, pinning made an agent whose slot was taken compute
-        # its whole conversation again, and every slot compute the shared prefix (issue 26
-        # item 2, docs/engine-llamacpp.md).
-        self.pooled = False
         self.compact_json = compact_json
         self.jump_forward = jump_forward and compact_json
         self._splits: dict[int, tuple[Any, tuple[str, str] | None]] = {}
@@ -326,8 +318,7 @@ class LlamaCppBackend(OpenAICompatBackend):
                 "a setting of this llama-server defeats its prompt cache. On this build that "
                 "is one of: %s. Restart it without that setting; meanwhile %s.",
                 self.name, unpinned, total, "; ".join(CACHE_DEFEATING_FLAGS), fix)
-        if self.slot_affinity is None and probe.pinning_keeps_prefix and (
-                probe.defeated or not self.pooled):
+        if self.slot_affinity is None and probe.pinning_keeps_prefix:
             self._picker = SlotPicker(slots)
         log.debug("%s: cache probe %s; pinning %s", self.name, probe,
                   "on" if self._picker else "off")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbatch.backends.affinity import load_bound, rank
-from agentbatch.backends.base import Backend, BackendWrapper, ServerLoad
+from agentbatch.backends.base import Backend, ServerLoad
 from agentbatch.backends.hedge import Attempt, Hedger
 from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
@@ -59,19 +59,6 @@ def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
     if not urls:
         raise BatchSpecError(f"hostfile {str(path)!r} lists no endpoints")
     return urls
-
-
-def _mark_pooled(backend: Backend) -> None:
-    """A llama.cpp endpoint of a pool leaves the slot of each turn to its server unless
-    the server's own choice loses the prefix (``LlamaCppBackend.pooled``): affinity keeps an
-    agent on one server, and there llama.cpp restores its conversation from host memory into
-    whichever slot it picks, which it never does for a turn pinned with ``id_slot``."""
-    from agentbatch.backends.llamacpp import LlamaCppBackend
-
-    while isinstance(backend, BackendWrapper):
-        backend = backend.inner
-    if isinstance(backend, LlamaCppBackend):
-        backend.pooled = True
 
 
 @dataclass
@@ -120,8 +107,6 @@ class EndpointPool(Backend):
                 name += "'"
             names.append(name)
         self._eps = [_Endpoint(b, n) for b, n in zip(backends, names, strict=True)]
-        for b in backends:
-            _mark_pooled(b)
         self.name = "pool(" + ", ".join(names) + ")"
         self.capabilities = backends[0].capabilities
         self.eject_after = eject_after

@@ -10,9 +10,6 @@ twice. The probe now sends a one-word prompt to slot 1: it still makes another s
 between the two requests to slot 0 (which is what shows whether idle slots are cleared), and
 the prefix is computed once per server. Asserted on the server's own prompt-token counter
 around the probe, and on what the probe concluded; never on what the model wrote.
-
-For the same reason a pool's llama.cpp endpoints send no ``id_slot`` where the server's own
-slot choice keeps the prefix (``LlamaCppBackend.pooled``): asserted on the request bodies.
 """
 
 from __future__ import annotations
@@ -20,18 +17,13 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
-from unittest.mock import patch
 
 import pytest
 
-from agentbatch import arun_batch
 from agentbatch.backends.llamacpp import CacheProbe, LlamaCppBackend
 from agentbatch.backends.prom import metric_sum, parse_prometheus
 from agentbatch.core.model_io import ModelRequest
 from agentbatch.engine import EnginePaths, LlamaServer
-from agentbatch.engine.server import free_port
-from tests.engine.reviews import TASK, Verdict, inputs
 
 pytestmark = pytest.mark.engine
 
@@ -75,43 +67,3 @@ def test_the_probe_computes_the_shared_prefix_once(server: LlamaServer) -> None:
     assert probe is not None and not probe.defeated and probe.pinning_keeps_prefix, probe
     assert computed <= probe.prompt_tokens + SLACK, (computed, probe)
 
-
-@pytest.fixture
-def pool_pair(engine_paths: EnginePaths) -> Iterator[list[LlamaServer]]:
-    """Two fresh servers as ``agentbatch engine start`` starts them, two slots each."""
-    pair = [LlamaServer(engine_paths, port=free_port(), parallel=2, threads=1)
-            for _ in range(2)]
-    try:
-        for s in pair:
-            s.start()
-        yield pair
-    finally:
-        for s in pair:
-            s.stop()
-
-
-def test_turns_in_a_pool_go_without_id_slot(pool_pair: list[LlamaServer]) -> None:
-    """In a pool, affinity already sends an agent's turns to one server; inside it, a turn
-    pinned with ``id_slot`` is never restored from the host-memory prompt cache, so an agent
-    whose slot another agent took (more agents than slots) computes its whole conversation
-    again, and each slot computes the shared prefix once. The pool's llama.cpp endpoints
-    therefore leave the slot to the server (which restores the best cached prefix): no turn
-    carries ``id_slot``. Asserted on the request bodies agentbatch built."""
-    sent: list[dict[str, Any]] = []
-    build = LlamaCppBackend.build_body
-
-    def recording(self: LlamaCppBackend, request: ModelRequest) -> dict[str, Any]:
-        body = build(self, request)
-        sent.append(body)
-        return body
-
-    urls = [s.llamacpp_url for s in pool_pair]
-    with patch.object(LlamaCppBackend, "build_body", recording):
-        results = asyncio.run(arun_batch(
-            TASK, inputs(6), model=MODEL, backend=urls, system_prompt=SYSTEM,
-            output_schema=Verdict, max_tokens=24, temperature=0.0, max_retries=0,
-            timeout_per_turn=300))
-    turns = [b for b in sent if b.get("max_tokens") == 24]
-    print(f"{len(turns)} turns; id_slot {[b.get('id_slot') for b in turns]}")
-    assert len(results) == 6 and len(turns) >= 6
-    assert not any("id_slot" in b for b in turns)
