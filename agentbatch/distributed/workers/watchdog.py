@@ -64,10 +64,13 @@ class ConsumerWatchdog:
         return now - max(self.waiting_since, self.last_received) >= self.stall_s
 
     def waiting(self, client: redis.Redis) -> int:
-        with client.pipeline(transaction=False) as pipe:
-            for name in self.lists:
-                pipe.llen(name)
-            return sum(pipe.execute())
+        """Messages waiting on the first non-empty list, lowest priority first (the list
+        most often holding some in a busy fleet): one LLEN per look there, not one per
+        list; 0 when all are empty. Only whether any wait matters (``observe``)."""
+        for name in reversed(self.lists):
+            if n := int(client.llen(name)):
+                return n
+        return 0
 
     def stalled(self, client: redis.Redis, slots: int) -> bool:
         busy = busy_slots()

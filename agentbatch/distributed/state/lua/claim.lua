@@ -66,5 +66,10 @@ if sem_limit ~= '' and cancelled ~= '1' then
     if not slots_scarce(held, limit) then scarce = 0 end
   end
 end
-return {'ok', entry, cancelled, redis.call('LRANGE', msgs_key, 0, -1), slot, dynamic,
-        redis.call('LRANGE', calls_key, 0, -1), scarce, spend}
+-- Version 0 is the agent as submitted: only a commit writes its lists, and it moves the
+-- version on, so they are empty and not read (two commands per agent).
+local msgs, calls = {}, {}
+if v ~= '0' then
+  msgs, calls = redis.call('LRANGE', msgs_key, 0, -1), redis.call('LRANGE', calls_key, 0, -1)
+end
+return {'ok', entry, cancelled, msgs, slot, dynamic, calls, scarce, spend}
