@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -66,6 +67,7 @@ from agentbatch.core.errors import (
     BackendUnavailable,
     BadRequest,
     BatchCancelled,
+    BatchSpecError,
     ServerError,
 )
 from agentbatch.core.model_io import ModelRequest, ModelResponse
@@ -73,11 +75,12 @@ from agentbatch.core.plan import BatchPlan
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
 from agentbatch.turnloop.batch_turns import (
-    MAX_ITEMS,
     MAX_POLL_S,
     MAX_WAIT_S,
     POLL_S,
     POLL_SHARE,
+    below_min,
+    split_chunks,
 )
 
 log = logging.getLogger(__name__)
@@ -241,8 +244,11 @@ class ProviderBatches:
         async with self._lock:
             if self._clients.get(key) is None:
                 drivers = endpoints(backend)
-                self._clients[key] = (await batch_client(drivers[0])
-                                      if len(drivers) == 1 else None)
+                try:
+                    self._clients[key] = (await batch_client(drivers[0])
+                                          if len(drivers) == 1 else None)
+                except BatchSpecError as exc:  # set up on the submitter, not on this worker
+                    raise BadRequest(f"{exc} (on worker {socket.gethostname()})") from exc
         found = self._clients[key]
         if found is None:
             raise BackendUnavailable(
@@ -381,14 +387,19 @@ class ProviderBatches:
 
     async def _flush(self, lane: _Lane) -> None:
         await asyncio.sleep(WINDOW_S)
-        size = max(int(getattr(lane.client, "max_items", MAX_ITEMS)), 1)
-        while lane.pending:
-            chunk, lane.pending = lane.pending[:size], lane.pending[size:]
+        while lane.pending:  # turns that arrive while this one submits go out next
             # a turn answered meanwhile (a hedge won, the batch cancelled) is not sent
-            chunk = [(cid, t) for cid, t in chunk
+            ready = [(cid, t) for cid, t in lane.pending
                      if not t.future.done() and self._futures.get(cid) is t.future]
-            if chunk:
+            lane.pending = []
+            chunks, short = split_chunks(ready, lane.client)
+            for chunk in chunks:
                 await self._submit(lane.client, chunk)
+            if short:  # too few for the provider's minimum: the sync API, counted per batch
+                self._resolve({cid: below_min(cid, len(short), lane.client)
+                               for cid, _ in short})
+                for batch_id, n in Counter(t.store.batch_id for _, t in short).items():
+                    await self.note(batch_id, "provider_batch_below_min", n)
 
     async def _submit(self, client: ProviderBatchClient, chunk: list[tuple[str, _Turn]]) -> None:
         """Record the turns as being submitted and count the submission, then submit, then

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import ItemError, ItemResult, ProviderBatchClient
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MAX_ITEMS", "SAFETY_S", "WINDOW_S", "ProviderBatchTurns"]
 
+T = TypeVar("T")
 MAX_ITEMS = 8  # turns per provider batch: a slow request holds only these few
 HTTP_AT_ONCE = 4  # batch API calls in flight (submits, polls): self-clocked by the server
 POLL_S = 0.25  # a first poll backing off 1.5x to MAX_POLL_S (the distributed engine's)
@@ -81,6 +82,30 @@ class _Open:
 _KINDS: dict[str, type[BackendError]] = {
     "server_error": ServerError, "rate_limited": RateLimited, "bad_request": BadRequest,
     "expired": BackendTimeout, "cancelled": ServerError, "missing": ServerError}
+
+
+def split_chunks(ready: list[T], client: object) -> tuple[list[list[T]], list[T]]:
+    """``ready`` turns as provider batches of the client's size: at most ``max_items``
+    (``MAX_ITEMS`` unless the provider needs bigger), at least ``min_items`` (Bedrock's
+    per-job minimum). A short tail joins the previous chunk when that stays within
+    ``max_items``; what still falls short is returned apart, for the sync API."""
+    size = max(int(getattr(client, "max_items", MAX_ITEMS)), 1)
+    least = max(int(getattr(client, "min_items", 1)), 1)
+    chunks = [ready[at:at + size] for at in range(0, len(ready), size)]
+    if len(chunks) >= 2 and len(chunks[-1]) < least and len(chunks[-2]) + len(chunks[-1]) <= size:
+        chunks[-2] += chunks.pop()
+    short = chunks.pop() if chunks and len(chunks[-1]) < least else []
+    return chunks, short
+
+
+def below_min(cid: str, ready: int, client: object) -> ItemResult:
+    """The answer for a turn that had too few companions to make a provider batch: a
+    retryable error, so the turn goes to the sync API while the deadline allows (counted
+    ``provider_batch_below_min``)."""
+    least = getattr(client, "min_items", 1)
+    return ItemResult(cid, error=ItemError(
+        "server_error", f"{ready} turns were ready together, fewer than the {least} a "
+        "provider batch of this backend takes"))
 
 
 class ProviderBatchTurns:
@@ -225,11 +250,14 @@ class ProviderBatchTurns:
 
     async def _flush(self) -> None:
         await asyncio.sleep(WINDOW_S)
-        while self._pending:
-            chunk, self._pending = self._pending[:MAX_ITEMS], self._pending[MAX_ITEMS:]
-            chunk = [(cid, req) for cid, req in chunk if cid in self._futures]
-            if chunk:  # submitted side by side: a round of many small batches goes out at once
-                self._spawn(self._submit(chunk))
+        ready = [(cid, req) for cid, req in self._pending if cid in self._futures]
+        self._pending = []
+        chunks, short = split_chunks(ready, self.client)
+        for chunk in chunks:  # submitted side by side: a round of small batches goes out at once
+            self._spawn(self._submit(chunk))
+        if short:
+            self.stats["provider_batch_below_min"] += len(short)
+            self._resolve({cid: below_min(cid, len(short), self.client) for cid, _ in short})
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

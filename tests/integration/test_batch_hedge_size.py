@@ -15,7 +15,6 @@ from agentbatch.core.model_io import ModelRequest
 from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig
-from agentbatch.turnloop import batch_turns
 from agentbatch.turnloop.batch_turns import ProviderBatchTurns
 
 MODEL = "sim-model"
@@ -28,9 +27,9 @@ def _request(i: int) -> ModelRequest:
 
 
 def test_small_batches_do_not_set_the_p90_that_hedges_a_big_one(monkeypatch) -> None:
-    # provider batches are capped at MAX_ITEMS turns (test_batch_lockstep.py); sizes still
-    # differ (the last chunk of a round, a quiet window), so the filter is tested on one big
-    monkeypatch.setattr(batch_turns, "MAX_ITEMS", BIG)
+    # provider batches are capped at the client's max_items turns (test_batch_lockstep.py);
+    # sizes still differ (the last chunk of a round, a quiet window), so the filter is
+    # tested on one big
     # median 50 ms, sigma 1: a one-turn batch is seen at the first poll, a 300-turn batch's
     # slowest request (~1 s) several polls later, past the p90 of the one-turn batches
     config = SimConfig(fixed_ms=5, batch_latency_s=0.05, batch_latency_spread=1.0)
@@ -40,6 +39,7 @@ def test_small_batches_do_not_set_the_p90_that_hedges_a_big_one(monkeypatch) -> 
             backend = OpenAICompatBackend("sim://" + sim.url.split("://", 1)[1])
             client = await batch_client(backend)
             assert client is not None
+            monkeypatch.setattr(client, "max_items", BIG)
             turns = ProviderBatchTurns(client, backend, mode="batch", deadline=None,
                                        total=3 + BIG)
             try:

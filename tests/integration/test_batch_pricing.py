@@ -170,3 +170,19 @@ def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, o
                      **{"prices": PRICES, **opts})
     assert needle in str(err.value)
     assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0
+
+
+def test_turns_too_few_for_the_providers_minimum_go_to_the_sync_api_counted(
+        fast_batches, monkeypatch) -> None:
+    """A provider whose batch jobs need more requests than are ever ready together
+    (Bedrock: 100 records per job by default) gets no provider batch: each turn goes to the
+    sync API, counted, instead of a submit the provider would refuse."""
+    from agentbatch.backends.provider_batch.openai_batch import OpenAIBatchClient
+
+    monkeypatch.setattr(OpenAIBatchClient, "min_items", N + 1)  # N agents: never enough
+    handle, results = _run(fast_batches, pricing="batch")
+    stats = handle.stats()["provider_batch"]
+    assert _batch_items(fast_batches) == 0 and stats.get("provider_batches", 0) == 0
+    assert stats["provider_batch_below_min"] == 2 * N
+    assert stats["served_sync"] == 2 * N and _chat_requests(fast_batches) == 2 * N
+    assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
