@@ -8,16 +8,19 @@ Real redis-server, real `agentbatch worker` processes, the simulator over real H
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 import redis
 
 from agentbatch import submit_batch
-from agentbatch.distributed.state.keys import BatchKeys, parked_key
+from agentbatch.distributed.state.keys import SWEEP_LOCK, WATCH, BatchKeys, parked_key
 from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
+from agentbatch.distributed.workers.context import WorkerContext
 from agentbatch.distributed.workers.envelope import queue_key
-from agentbatch.distributed.workers.sweep import CLOCK_SLACK_MS, LISTS
+from agentbatch.distributed.workers.settings import WorkerSettings
+from agentbatch.distributed.workers.sweep import CLOCK_SLACK_MS, HOLD_SHARE, LISTS, sweep_once
 from tests.support.tools import Answer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -117,3 +120,31 @@ def test_a_lost_message_is_resent_once_its_list_moves_past_it_and_the_queued_are
         status = handle.status()
         assert status.get("stat:recovered", 0) == 0, status
         assert status.get("stat:dropped_stale", 0) == 0, status
+
+
+def test_a_periodic_pass_keeps_the_fleet_from_sweeping_again_within_the_interval(redis_url):
+    """Every worker tries a pass every interval; the lock a periodic pass keeps afterwards
+    makes that one pass per interval for the fleet, not one per worker."""
+    client = redis.from_url(redis_url, decode_responses=True)
+    settings = WorkerSettings(redis_url=redis_url, sweep_interval_s=30.0)
+    gone = BatchKeys("gone-batch").member(0)  # due, of a batch with no keys: a pass drops it
+
+    async def passes() -> tuple[int, bool, bool]:
+        first, second = WorkerContext(settings), WorkerContext(settings)
+        try:
+            await sweep_once(first, periodic=True)
+            held_ms = await first.redis.pttl(SWEEP_LOCK)
+            client.zadd(WATCH, {gone: 0})
+            await sweep_once(second, periodic=True)  # another worker, the same interval
+            swept_within = client.zscore(WATCH, gone) is None
+            client.delete(SWEEP_LOCK)  # the interval is over
+            await sweep_once(second)  # a one-off pass (the sweep task) drops its lock after
+            return held_ms, swept_within, client.zscore(WATCH, gone) is None
+        finally:
+            await first.redis.aclose()
+            await second.redis.aclose()
+
+    held_ms, swept_within, swept_after = asyncio.run(passes())
+    assert 0 < held_ms <= HOLD_SHARE * 30_000
+    assert not swept_within and swept_after
+    assert not client.exists(SWEEP_LOCK)

@@ -73,7 +73,7 @@ class Sweeper(threading.Thread):
         while not self.stop.wait(interval):
             oom.watch.check(worker_context().settings.redis_url)  # only while Redis is full
             try:
-                loop.run(sweep_once(worker_context()), timeout=120)
+                loop.run(sweep_once(worker_context(), periodic=True), timeout=120)
             except Exception:
                 log.warning("recovery sweep failed; will retry", exc_info=True)
             try:  # apart from the sweep: a failing sweep must not switch the watchdog off
