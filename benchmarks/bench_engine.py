@@ -65,8 +65,11 @@ Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results fil
 
     python -m benchmarks.bench_engine --pool 2 --threads 1 --parallel 2 \
         --systems embedded,naive_round_robin,naive_hash,embedded_least_outstanding,distributed \
-        --workloads longconv:3:3,tools:3:1 --max-tokens 64 --timeout 400 \
-        --json benchmarks/results/engine_pool.json
+        --workloads longconv:3:3 --system-rounds embedded_least_outstanding:1,distributed:1 \
+        --max-tokens 64 --timeout 200 --json benchmarks/results/engine_pool.json
+
+(``--system-rounds``: the slower agentbatch variants take one round, so the invocation fits
+about half an hour on a 2-core machine shared with other engineers' tests.)
 
 ``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
 gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with the
@@ -75,7 +78,15 @@ server, ``naive_hash`` pins each agent to one server by a hash of its number. En
 are summed over the servers, with each server's share (``per_server``, ``busy_max_over_mean``)
 and agentbatch embedded's ``moves``. The ``longconv`` workload: 3+ agents each read a 6-page
 manual (~1.1 KB a page) with ``read_page``, one page per turn; every system forces the six
-reads (see ``REQUIRED_CALLS``).
+reads (see ``REQUIRED_CALLS``). ``valid`` there is the number of agents whose seventh turn
+was a final answer that validated as ``ManualReport``: SmolLM2-135M calls ``read_page`` again
+instead, so every system ends each agent at ``max_turns`` after 7 turns (agentbatch:
+``max_turns`` error; naive: the same rule) and valid is 0 for all of them. The work is the
+same 7 turns per agent for every system, which is what the pool's routing is measured on.
+``embedded_no_probe`` is ``embedded`` with ``warm_prefix=False`` (no warm-up cache probe on
+the servers, no ``id_slot``). Two patches remain, since no declared option selects these:
+``routing="least_outstanding"`` (an ``EndpointPool`` argument) and the six forced reads
+(``core.turns._must_call_tool``; ``tool_choice="required"`` forces one).
 
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
 (b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (its argument is one of 4
@@ -134,7 +145,8 @@ SYSTEMS = ("embedded", "embedded_unpinned", "embedded_unstreamed", "distributed"
            "batch_agent",
            "embedded_stream", "naive_stream", "embedded_batched")
 # Issue 26 pool mode (``--pool N``): N llama-servers, ``backend=[url1, url2, ...]``.
-POOL_SYSTEMS = ("embedded_least_outstanding", "naive_round_robin", "naive_hash")
+POOL_SYSTEMS = ("embedded_least_outstanding", "naive_round_robin", "naive_hash",
+                "embedded_no_probe")
 SYSTEMS = SYSTEMS + POOL_SYSTEMS
 POOL_DEFAULT_SYSTEMS = ("embedded", "embedded_least_outstanding", "distributed",
                         "naive_round_robin", "naive_hash")
@@ -364,8 +376,8 @@ def _tally(results: list[Any], schema: type[BaseModel]) -> dict[str, Any]:
 
 
 async def run_embedded(ctx: dict[str, Any], workload: str, n: int,
-                       url_options: str = "") -> dict[str, Any]:
-    kw = _ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"])
+                       url_options: str = "", **options: Any) -> dict[str, Any]:
+    kw = {**_ab_kwargs(workload, n, ctx["max_tokens"], ctx["run"]), **options}
     task = kw.pop("task")
     ttfts: list[float] = []  # heard only from streamed turns (the llamacpp:// default)
     url = ctx["llamacpp_url"]
@@ -378,12 +390,31 @@ async def run_embedded(ctx: dict[str, Any], workload: str, n: int,
         pool = handle.stats().get("pool") or {}
         tally = {**_tally(results, kw["output_schema"]), "pool_moves": pool.get("moves"),
                  "pool_requests": {name: ep["requests"]
-                                   for name, ep in (pool.get("endpoints") or {}).items()}}
+                                   for name, ep in (pool.get("endpoints") or {}).items()},
+                 "cache_probes": _cache_probes(handle)}
     else:
         with observe_ttft(ttfts.append):
             results = await arun_batch(task, kw.pop("inputs"), backend=url + url_options, **kw)
         tally = _tally(results, kw["output_schema"])
     return {**tally, "ttfts": ttfts} if ttfts else tally
+
+
+def _cache_probes(handle: Any) -> list[dict[str, Any]]:
+    """What each server's warm-up cache probe saw, and whether its turns were pinned to
+    slots (``id_slot``): issue 26 item 2."""
+    from agentbatch.backends.setup import endpoints
+
+    engine = getattr(handle, "engine", None)
+    if engine is None:
+        return []
+    out = []
+    for ep in endpoints(engine.rt.backend):
+        probe = getattr(ep, "cache_probe", None)
+        out.append({"endpoint": ep.name, "pinned_turns": getattr(ep, "_picker", None) is not None,
+                    **({"prompt_tokens": probe.prompt_tokens,
+                        "unpinned_cached": probe.unpinned_cached,
+                        "pinned_cached": probe.pinned_cached} if probe is not None else {})})
+    return out
 
 
 async def run_embedded_least_outstanding(ctx: dict[str, Any], workload: str,
@@ -408,6 +439,14 @@ async def run_embedded_unpinned(ctx: dict[str, Any], workload: str, n: int) -> d
     sent turns before issue 26: the server's own slot selection decides."""
     with patch.object(SlotPicker, "acquire", lambda self, key: None):
         return await run_embedded(ctx, workload, n)
+
+
+async def run_embedded_no_probe(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:
+    """``embedded`` with ``warm_prefix=False``: no warm-up cache probe on each server, so no
+    turn is pinned to a slot (``id_slot``) either; llama.cpp's least-recently-used slot
+    selection and its host-memory prompt cache place every turn, as for the naive clients
+    (issue 26 item 2: what the probe and the pinning cost on a pool)."""
+    return await run_embedded(ctx, workload, n, warm_prefix=False)
 
 
 async def run_embedded_unstreamed(ctx: dict[str, Any], workload: str,
@@ -659,6 +698,7 @@ async def run_naive_hash(ctx: dict[str, Any], workload: str, n: int) -> dict[str
 
 
 RUNNERS = {"embedded": run_embedded, "embedded_unpinned": run_embedded_unpinned,
+           "embedded_no_probe": run_embedded_no_probe,
            "embedded_least_outstanding": run_embedded_least_outstanding,
            "naive_round_robin": run_naive_round_robin, "naive_hash": run_naive_hash,
            "embedded_unstreamed": run_embedded_unstreamed,
@@ -883,6 +923,8 @@ async def amain(args: argparse.Namespace,
                 for rnd in range(rounds):
                     order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
                     for system in order:
+                        if rnd >= getattr(args, "system_rounds_map", {}).get(system, rounds):
+                            continue  # ``--system-rounds``: this system takes fewer rounds
                         if system == "batch_agent" and (
                                 rnd >= args.peer_rounds
                                 or not {workload, f"{workload}:{n}"} & peer_on):
@@ -943,6 +985,7 @@ def pool_report(runs: list[dict[str, Any]], args: argparse.Namespace,
                  "long_conversation": {"pages": PAGES, "page_chars": len(page_text(1)),
                                        "max_turns": MAX_TURNS_L},
                  "loadavg_at_start": load_at_start, "loadavg_at_end": os.getloadavg()},
+        "ratios_caveat": pool_caveat(runs, args.timeout),
         "ratios": {
             "embedded_wall_over_naive_round_robin": emb.get("wall_ratio_to_naive_round_robin"),
             "embedded_prompt_tokens_over_naive_round_robin": emb.get(
@@ -950,6 +993,22 @@ def pool_report(runs: list[dict[str, Any]], args: argparse.Namespace,
             "embedded_wall_over_naive_hash": emb.get("wall_ratio_to_naive_hash"),
         },
     }
+
+
+def pool_caveat(runs: list[dict[str, Any]], timeout: float) -> str | None:
+    """What the ratios mean when a run was cut off (its wall and prompt tokens stop at the
+    cut-off, so a ratio to a cut-off system is an upper bound on the wall and says nothing
+    firm on prompt tokens); None when every run finished."""
+    long = [r for r in runs if r["workload"] == "longconv"]
+    cut = sorted({r["system"] for r in long if r.get("timed_out")})
+    if not cut:
+        return None
+    counts = ", ".join(
+        f"{name} in {sum(1 for r in long if r['system'] == name and r.get('timed_out'))} of "
+        f"{sum(1 for r in long if r['system'] == name)} runs" for name in cut)
+    return (f"Cut off at {timeout:g} s: {counts}. A cut-off run's wall and prompt tokens are "
+            "what it reached by then: a wall ratio to it is an upper bound, and a prompt-token "
+            "ratio to it overstates agentbatch's share (the rest of its turns were never sent).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -981,9 +1040,14 @@ def main(argv: list[str] | None = None) -> int:
                         "default systems " + ",".join(POOL_DEFAULT_SYSTEMS))
     p.add_argument("--ctx-per-slot", type=int, default=4096,
                    help="context per slot with --pool (the long conversation needs ~3k)")
+    p.add_argument("--system-rounds", default="",
+                   help="comma-separated system:rounds, for systems that take fewer rounds "
+                        "than their workload's (the slow ones, to fit a time budget)")
     p.add_argument("--timeout", type=float, default=240.0, help="per run, seconds")
     p.add_argument("--json", default="benchmarks/results/engine.json")
     args = p.parse_args(argv)
+    args.system_rounds_map = {k: int(v) for k, v in
+                              (x.split(":") for x in args.system_rounds.split(",") if x)}
     if args.pool > 1 and args.systems == ",".join(SYSTEMS):
         args.systems = ",".join(POOL_DEFAULT_SYSTEMS)
     # SIGTERM as SystemExit, so the ``finally`` blocks stop the workers and redis-server.
