@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from agentbatch import submit_batch
+from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
 from benchmarks.machine import machine_info, utc_now, write_json
@@ -51,6 +52,14 @@ def commands_by_name(stats: dict[str, Any], tasks: int) -> dict[str, float]:
     per_task = {name.removeprefix("cmdstat_").upper(): round(v["calls"] / tasks, 2)
                 for name, v in stats.items()}
     return dict(sorted(per_task.items(), key=lambda kv: -kv[1]))
+
+
+def batch_counters(client: redis.Redis, batch_id: str) -> dict[str, int]:
+    """The batch's ``stat:*`` counters (re-sends by the sweep, duplicate claims dropped as
+    stale or busy...): what recovery did during the measured run."""
+    meta = client.hgetall(BatchKeys(batch_id).meta)
+    return {k.decode().removeprefix("stat:"): int(v) for k, v in sorted(meta.items())
+            if k.startswith(b"stat:")}
 
 
 def start_fleet(url: str, n_inf: int, n_tools: int, concurrency: int,
@@ -118,6 +127,7 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
         client_cpu = time.process_time() - me_before
         cmds = commands(r)
         stats = r.info("commandstats")
+        counters = batch_counters(r, handle.batch_id)
         if on_done is not None:
             on_done(fleet)
     finally:
@@ -136,6 +146,8 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
                                                / tasks * 1000, 3),
         "redis_commands_per_task_incl_lua": round(cmds / tasks, 2),
         "redis_commands_per_task_by_name": commands_by_name(stats, tasks),
+        "batch_counters": counters,
+        "loadavg_at_end": list(os.getloadavg()),
     }
 
 
