@@ -133,13 +133,35 @@ async def test_a_dead_waiter_loses_its_place_and_the_queue_keys_expire(client: A
     await asyncio.gather(task, return_exceptions=True)
     assert await client.zcard(s.wait_key) == 0
     # ... a killed worker's place is written and never asked about again
+    asked_ms = await _redis_ms(client)
     await s._acquire("killed", 0)
     await s.release("holder")
     assert await s.try_acquire("newcomer") is False  # still owed to "killed"
     assert 0 < await client.pttl(s.wait_key) <= WAIT_TTL_MS
-    await asyncio.sleep(WAIT_TTL_MS / 1000 + 0.2)
-    assert await s.try_acquire("newcomer") is True
+    # The place lapses WAIT_TTL_MS after the waiter's last ask in Redis's clock (TIME), the
+    # only clock the script reads; wait on that clock, not on this process's sleep (CI failed
+    # once at this line after a 5.2 s local sleep).
+    deadline = time.monotonic() + WAIT_TTL_MS / 1000 + 30
+    while await _redis_ms(client) < asked_ms + WAIT_TTL_MS + 50:
+        assert time.monotonic() < deadline, "Redis's clock did not pass the waiter's expiry"
+        await asyncio.sleep(0.1)
+    acquired = await s.try_acquire("newcomer")
+    assert acquired is True, await _queue_state(client, s)
     assert await client.exists(s.wait_key, s.wait_expiry_key) == 0
+
+
+async def _redis_ms(client: Any) -> int:
+    secs, micros = await client.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
+async def _queue_state(client: Any, s: RedisSemaphore) -> dict[str, Any]:
+    """What the semaphore's keys hold, for an assertion message."""
+    return {"redis_ms": await _redis_ms(client),
+            "holders": await client.zrange(s.key, 0, -1, withscores=True),
+            "waiters": await client.zrange(s.wait_key, 0, -1, withscores=True),
+            "waiter_expiry": await client.zrange(s.wait_expiry_key, 0, -1, withscores=True),
+            "pttl": await client.pttl(s.wait_key)}
 
 
 class SlowLlama(FakeLlamaServer):
