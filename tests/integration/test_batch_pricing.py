@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from aiohttp import web
 
 from agentbatch import BatchSpecError, submit_batch
 from agentbatch.core.pricing import cost_usd
@@ -19,11 +18,11 @@ from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig
 from tests.support.http_server import ThreadedServer
+from tests.support.provider_batch import MODEL, PRICES, chat_only, chat_requests
+from tests.support.provider_batch import batch_items as _batch_items
+from tests.support.provider_batch import sim_url as _url
 from tests.support.tools import Answer, lookup
 
-MODEL = "sim-model"
-PRICES = {MODEL: {"prompt": 3.0, "cached_prompt": 0.3, "completion": 15.0,
-                  "batch_prompt": 1.5, "batch_cached_prompt": 0.15, "batch_completion": 7.5}}
 TASK = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'  # two turns: a tool call, the answer
 N = 6
 WAIT_S = 180.0  # generous: the machine is shared
@@ -32,19 +31,6 @@ WAIT_S = 180.0  # generous: the machine is shared
 def _sim(**batch: float) -> Iterator[SimServer]:
     with SimServer(SimConfig(fixed_ms=5, **batch)) as server:
         yield server
-
-
-def _url(sim: SimServer) -> str:
-    return "sim://" + sim.url.split("://", 1)[1]
-
-
-def _chat_requests(sim: SimServer) -> int:
-    return sim.state.stats.as_dict()["requests_total"]
-
-
-def _batch_items(sim: SimServer) -> int:
-    api = sim._runner.app[BATCH_API]  # type: ignore[union-attr]
-    return sum(len(job.items) for job in api.jobs.values())
 
 
 def _run(sim: SimServer, **opts):
@@ -80,7 +66,7 @@ def test_pricing_batch_sends_every_turn_through_the_batch_api_at_batch_rates(
     assert _batch_items(fast_batches) == 2 * N  # every turn went out in a provider batch
     # a turn hedged past the p90 of the batches seen went to the sync API too: none here
     # is expected, and any that won is counted and priced at the sync rates
-    assert _chat_requests(fast_batches) == stats.get("hedged", 0)
+    assert chat_requests(fast_batches) == stats.get("hedged", 0)
     assert stats["served_batch"] == 2 * N - stats.get("hedge_won_by_sync", 0)
     assert sum(r.turns for r in results) == 2 * N
     if not stats.get("hedge_won_by_sync"):
@@ -98,7 +84,7 @@ def test_auto_with_a_generous_deadline_uses_the_batch_api(fast_batches) -> None:
                                                   for r in results)
     routed = sum(stats.get(f"routed_sync_{why}", 0) for why in ("probe", "tail", "deadline"))
     assert stats.get("routed_sync_probe") == 1  # the first turn measured the sync latency
-    assert _chat_requests(fast_batches) == routed + stats.get("served_sync", 0) + \
+    assert chat_requests(fast_batches) == routed + stats.get("served_sync", 0) + \
         stats.get("hedged", 0) - stats.get("hedge_won_by_sync", 0)
 
 
@@ -114,7 +100,7 @@ def test_auto_moves_turns_the_batch_latency_would_make_miss_the_deadline_to_sync
     routed = sum(stats.get(f"routed_sync_{why}", 0) for why in ("probe", "tail", "deadline"))
     assert stats.get("served_batch", 0) == 0 and stats.get("served_sync", 0) + routed == 2 * N
     assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
-    assert _chat_requests(slow_batches) == 2 * N
+    assert chat_requests(slow_batches) == 2 * N
     # the provider batches it opened were cancelled once their turns had a sync answer
     api = slow_batches._runner.app[BATCH_API]  # type: ignore[union-attr]
     assert all(job.cancelled is not None for job in api.jobs.values())
@@ -126,7 +112,7 @@ def test_an_expired_provider_batch_falls_back_to_the_sync_api(expiring_batches) 
     stats = handle.stats()["provider_batch"]
     assert _batch_items(expiring_batches) == 2 * N  # each turn was tried in a batch first
     assert stats["fallback_sync"] == 2 * N and stats.get("served_batch", 0) == 0
-    assert _chat_requests(expiring_batches) == 2 * N
+    assert chat_requests(expiring_batches) == 2 * N
     assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)
 
 
@@ -134,17 +120,11 @@ def test_a_failed_provider_batch_falls_back_to_the_sync_api() -> None:
     for sim in _sim(batch_latency_s=0.2, batch_latency_spread=0.0, batch_failure_rate=1.0):
         handle, _ = _run(sim, pricing="batch")
         stats = handle.stats()["provider_batch"]
-        assert stats["fallback_sync"] == 2 * N and _chat_requests(sim) == 2 * N
-
-
-def _chat_only(app: web.Application) -> None:
-    async def chat(request: web.Request) -> web.Response:
-        return web.json_response({"choices": [{"message": {"content": "hi"}}]})
-    app.router.add_post("/v1/chat/completions", chat)
+        assert stats["fallback_sync"] == 2 * N and chat_requests(sim) == 2 * N
 
 
 def test_pricing_batch_on_a_backend_without_a_batch_api_is_refused_before_any_turn() -> None:
-    with ThreadedServer(_chat_only) as server, pytest.raises(BatchSpecError) as err:
+    with ThreadedServer(chat_only) as server, pytest.raises(BatchSpecError) as err:
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, warm_prefix=False,
                      backend=f"sim://127.0.0.1:{server.port}", pricing="batch")
     assert "pricing='batch'" in str(err.value) and "no provider batch API" in str(err.value)
@@ -169,7 +149,7 @@ def test_bad_pricing_options_are_refused_before_anything_is_sent(fast_batches, o
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, backend=_url(fast_batches),
                      **{"prices": PRICES, **opts})
     assert needle in str(err.value)
-    assert _chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0
+    assert chat_requests(fast_batches) == 0 and _batch_items(fast_batches) == 0
 
 
 def test_turns_too_few_for_the_providers_minimum_go_to_the_sync_api_counted(
@@ -184,5 +164,5 @@ def test_turns_too_few_for_the_providers_minimum_go_to_the_sync_api_counted(
     stats = handle.stats()["provider_batch"]
     assert _batch_items(fast_batches) == 0 and stats.get("provider_batches", 0) == 0
     assert stats["provider_batch_below_min"] == 2 * N
-    assert stats["served_sync"] == 2 * N and _chat_requests(fast_batches) == 2 * N
+    assert stats["served_sync"] == 2 * N and chat_requests(fast_batches) == 2 * N
     assert all(r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL])) for r in results)

@@ -8,7 +8,6 @@ agentbatch decided (the batch's stats, the sim's request counts), never timings.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -20,35 +19,17 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.distributed.provider_batches import SUBMITTING
 from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.sim import SimServer
-from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig
+from tests.support.provider_batch import MODEL, PRICES, chat_only, chat_requests
+from tests.support.provider_batch import batch_sim as _sim
+from tests.support.provider_batch import jobs as _jobs
+from tests.support.provider_batch import sim_url as _url
 from tests.support.tools import Answer, lookup
 
-MODEL = "sim-model"
-PRICES = {MODEL: {"prompt": 3.0, "cached_prompt": 0.3, "completion": 15.0,
-                  "batch_prompt": 1.5, "batch_cached_prompt": 0.15, "batch_completion": 7.5}}
 TASK = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'  # two turns: a tool call, the answer
 N = 6
 WAIT_S = 180.0  # generous: the machine is shared
 SYNC_ROUTES = ("stat:routed_sync_probe", "stat:routed_sync_tail", "stat:routed_sync_deadline")
-
-
-def _sim(latency_s: float) -> Iterator[SimServer]:
-    with SimServer(SimConfig(fixed_ms=5, batch_latency_s=latency_s,
-                             batch_latency_spread=0.0)) as server:
-        yield server
-
-
-def _url(sim: SimServer) -> str:
-    return "sim://" + sim.url.split("://", 1)[1]
-
-
-def _chat_requests(sim: SimServer) -> int:
-    return sim.state.stats.as_dict()["requests_total"]
-
-
-def _jobs(sim: SimServer) -> list[Any]:
-    return list(sim._runner.app[BATCH_API].jobs.values())  # type: ignore[union-attr]
 
 
 def _submit(redis_url: str, sim: SimServer, **opts: Any):
@@ -86,7 +67,7 @@ def test_auto_routes_turns_to_both_apis_and_meets_a_deadline_all_batch_would_mis
         assert stats.get("stat:provider_batch_items", 0) >= 1  # and some went to the batch API
         _provider_saw_what_was_counted(sim, stats)
         # the sync API answered the turns routed to it and the hedges that won, no more
-        assert _chat_requests(sim) == routed_sync + stats.get("stat:hedge_won_by_sync", 0) \
+        assert chat_requests(sim) == routed_sync + stats.get("stat:hedge_won_by_sync", 0) \
             + stats.get("stat:provider_batch_fallback_sync", 0)
         # each reply priced at the API that gave it: batch-served turns at the batch rates
         batch_served = [r for r in results
@@ -110,7 +91,7 @@ def test_a_batch_turn_waiting_past_its_hedge_time_is_hedged_and_committed_once(
         # machine may race twice: its second commit loses the compare-and-set)
         assert stats["stat:batch_hedged"] == stats["stat:hedge_won_by_sync"] >= 2 * N
         assert "stat:hedge_won_by_batch" not in stats
-        assert _chat_requests(sim) == stats["stat:hedge_won_by_sync"]
+        assert chat_requests(sim) == stats["stat:hedge_won_by_sync"]
         for r in results:  # every reply came from the sync API, priced so
             assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL]))
         _provider_saw_what_was_counted(sim, stats)
@@ -174,20 +155,14 @@ def test_a_deadline_in_the_past_is_refused_with_redis_url_before_anything_is_enq
         with pytest.raises(BatchSpecError, match="deadline is in the past"):
             _submit(redis_url, sim, pricing="auto", deadline=deadline)
         assert redis.from_url(redis_url).dbsize() == 0
-        assert _chat_requests(sim) == 0 and not _jobs(sim)
+        assert chat_requests(sim) == 0 and not _jobs(sim)
 
 
 @pytest.mark.redis
 def test_auto_on_a_backend_without_a_batch_api_is_refused_before_anything_is_enqueued(
         redis_url) -> None:
-    from aiohttp import web
 
     from tests.support.http_server import ThreadedServer
-
-    def chat_only(app: web.Application) -> None:
-        async def chat(request: web.Request) -> web.Response:
-            return web.json_response({"choices": [{"message": {"content": "hi"}}]})
-        app.router.add_post("/v1/chat/completions", chat)
 
     with ThreadedServer(chat_only) as server, pytest.raises(BatchSpecError) as err:
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, warm_prefix=False, prices=PRICES,
@@ -209,7 +184,7 @@ def test_failed_provider_batch_items_go_to_the_sync_api_while_the_deadline_allow
         stats = handle.status()
         # every item failed at the provider; each turn was answered once, by the sync API
         assert stats["stat:provider_batch_fallback_sync"] == 2 * N
-        assert _chat_requests(sim) == 2 * N
+        assert chat_requests(sim) == 2 * N
         assert "stat:batch_hedged" not in stats  # the deadline was far: no hedge was needed
         for r in results:
             assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL]))

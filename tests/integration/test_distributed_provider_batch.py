@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -20,22 +19,15 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.distributed.provider_batches import SUBMITTING
 from agentbatch.distributed.state.keys import BatchKeys
 from agentbatch.sim import SimServer
-from agentbatch.sim.batch_api import BATCH_API
-from agentbatch.sim.config import SimConfig
+from tests.support.provider_batch import MODEL, PRICES, chat_only, chat_requests
+from tests.support.provider_batch import batch_sim as _sim
+from tests.support.provider_batch import jobs as _jobs
+from tests.support.provider_batch import sim_url as _url
 from tests.support.tools import Answer, lookup
 
-MODEL = "sim-model"
-PRICES = {MODEL: {"prompt": 3.0, "cached_prompt": 0.3, "completion": 15.0,
-                  "batch_prompt": 1.5, "batch_cached_prompt": 0.15, "batch_completion": 7.5}}
 TASK = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'  # two turns: a tool call, the answer
 N = 6
 WAIT_S = 180.0  # generous: the machine is shared
-
-
-def _sim(latency_s: float) -> Iterator[SimServer]:
-    with SimServer(SimConfig(fixed_ms=5, batch_latency_s=latency_s,
-                             batch_latency_spread=0.0)) as server:
-        yield server
 
 
 @pytest.fixture
@@ -47,18 +39,6 @@ def fast_batches() -> Iterator[SimServer]:
 def slow_batches() -> Iterator[SimServer]:
     # long enough that the worker is killed while its first provider batch is open
     yield from _sim(8.0)
-
-
-def _url(sim: SimServer) -> str:
-    return "sim://" + sim.url.split("://", 1)[1]
-
-
-def _chat_requests(sim: SimServer) -> int:
-    return sim.state.stats.as_dict()["requests_total"]
-
-
-def _jobs(sim: SimServer) -> list[Any]:
-    return list(sim._runner.app[BATCH_API].jobs.values())  # type: ignore[union-attr]
 
 
 def _submit(redis_url: str, sim: SimServer):
@@ -78,7 +58,7 @@ def _finish(handle):
 def _assert_all_batch(sim: SimServer, handle, results) -> dict[str, int]:
     stats = handle.status()
     jobs = _jobs(sim)
-    assert _chat_requests(sim) == 0  # no turn went through the sync API
+    assert chat_requests(sim) == 0  # no turn went through the sync API
     assert sum(r.turns for r in results) == 2 * N
     for r in results:
         assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL], batch=True))
@@ -143,14 +123,8 @@ def test_a_worker_killed_while_its_provider_batch_is_outstanding_loses_and_repay
 @pytest.mark.redis
 def test_pricing_batch_on_a_backend_without_a_batch_api_is_refused_at_submit(
         redis_url) -> None:
-    from aiohttp import web
 
     from tests.support.http_server import ThreadedServer
-
-    def chat_only(app: web.Application) -> None:
-        async def chat(request: web.Request) -> web.Response:
-            return web.json_response({"choices": [{"message": {"content": "hi"}}]})
-        app.router.add_post("/v1/chat/completions", chat)
 
     with ThreadedServer(chat_only) as server, pytest.raises(BatchSpecError) as err:
         submit_batch("hi {i}", [{"i": 0}], model=MODEL, warm_prefix=False, prices=PRICES,
@@ -189,7 +163,7 @@ def test_cancelling_stops_turns_waiting_on_a_provider_batch(
         results = handle.wait(timeout=WAIT_S)
         assert [r.error.kind if r.error else None for r in results] == ["cancelled"] * N, \
             [r.error for r in results][:2]
-        assert _chat_requests(sim) == 0
+        assert chat_requests(sim) == 0
         # the provider batches nobody waits on any more are cancelled at the provider
         jobs = _jobs(sim)
         stop = time.monotonic() + 60  # the next poll of each notices

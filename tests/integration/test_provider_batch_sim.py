@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from agentbatch.backends.anthropic import AnthropicBackend
 from agentbatch.backends.base import Backend
@@ -23,6 +22,7 @@ from agentbatch.sim import SimServer
 from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.config import SimConfig
 from tests.support.http_server import ThreadedServer
+from tests.support.provider_batch import chat_only
 
 MODEL = "sim-model"
 WAIT_S = 120.0  # generous: the machine is shared
@@ -174,16 +174,9 @@ def test_bad_requests_are_refused_before_anything_is_uploaded(kind: str) -> None
     _run(kind, SimConfig(fixed_ms=1), body)
 
 
-def _chat_only(app: web.Application) -> None:
-    async def chat(request: web.Request) -> web.Response:
-        return web.json_response({"choices": [{"message": {"content": "hi"}}]})
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/messages", chat)
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_server_without_the_batch_api_is_found_out_at_warm_up(kind: str) -> None:
-    with ThreadedServer(_chat_only) as server:
+    with ThreadedServer(chat_only) as server:
         url = f"{'sim' if kind == 'openai' else 'anthropic'}://127.0.0.1:{server.port}"
 
         async def main() -> None:
