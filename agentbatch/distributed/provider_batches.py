@@ -73,6 +73,7 @@ from agentbatch.core.errors import (
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.core.plan import BatchPlan
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
+from agentbatch.distributed.workers.batch_stats import BatchStats
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
 from agentbatch.turnloop.batch_turns import (
     MAX_POLL_S,
@@ -89,6 +90,7 @@ SUBMITTING = "?"  # the record of a turn whose provider batch is being created
 RECORD_TTL_MS = 26 * 3600 * 1000  # past the providers' 24 h completion window
 CANCEL_CHECK_S = 2.0  # how often a waiting turn looks at the batch's cancel flag
 LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this often
+SHARED_LATENCIES = 200  # the provider batch latencies a batch keeps for the fleet (newest)
 
 Hedge = Callable[[], Awaitable[ModelResponse]]  # the turn's request on the sync API
 
@@ -104,6 +106,12 @@ def custom_id(batch_id: str, index: int, version: int) -> str:
 
 def record_field(index: int, version: int) -> str:
     return f"{index}:{version}"
+
+
+def latency_key(store: BatchStore) -> str:
+    """The batch's list of provider batch latencies observed fleet-wide, newest first, each
+    ``"<seconds>:<turns>"`` (beside its ``pbatch`` records, with their TTL)."""
+    return f"{store.k.provider_batches}:latency"
 
 
 def redis_clock() -> float:
@@ -146,8 +154,11 @@ class _Submitted:
 class ProviderBatches:
     """The provider-batch side of one worker process (on its asyncio loop)."""
 
-    def __init__(self, note: Note) -> None:
-        self.note = note
+    def __init__(self, note: Note, stats: BatchStats | None = None) -> None:
+        self.note = note  # a count on the batch at once: one round trip
+        # a count gathered with others, written in the background: the worker's
+        # ``BatchStats`` when given, else one of this object's own (``_stats``)
+        self._batch_stats = stats
         self._clients: dict[tuple[str, ...], ProviderBatchClient | None] = {}
         self._lanes: dict[tuple[str, ...], _Lane] = {}
         self._lock = asyncio.Lock()
@@ -164,6 +175,14 @@ class ProviderBatches:
         self._waiting: Counter[str] = Counter()  # batch id -> its turns waiting here
         self._live: dict[str, tuple[float, int]] = {}  # batch id -> (read at, live agents)
         self._finished: dict[str, tuple[int, int]] = {}  # batch id -> (agents ok, their turns)
+        self._shared_read: set[str] = set()  # batches whose fleet latencies were read here
+
+    def _stats(self, store: BatchStore) -> BatchStats:
+        """The background counters (made on first use from the batch's Redis client: every
+        store of a worker shares its client)."""
+        if self._batch_stats is None:
+            self._batch_stats = BatchStats(store.r, store.s)
+        return self._batch_stats
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -185,8 +204,48 @@ class ProviderBatches:
                 oldest = next(iter(self._routers))
                 for kept in (self._routers, self._live, self._finished):
                     kept.pop(oldest, None)
+                self._shared_read.discard(oldest)
             self._routers[batch_id] = router
         return router
+
+    async def router_for(self, plan: BatchPlan, store: BatchStore) -> Router:
+        """``router``, which starts from the provider batch latencies the fleet observed for
+        the batch so far (``latency_key``; read once, when this process builds it): a worker
+        that joins mid-batch routes and hedges on the fleet's p50/p90, not blind."""
+        router = self.router(plan)
+        if plan.batch_id in self._shared_read:
+            return router
+        self._shared_read.add(plan.batch_id)
+        try:
+            shared = await store.r.lrange(latency_key(store), 0, SHARED_LATENCIES - 1)
+        except Exception:  # Redis unreachable: this worker's own observations only
+            log.debug("could not read batch %s's shared latencies", plan.batch_id,
+                      exc_info=True)
+            self._shared_read.discard(plan.batch_id)
+            return router
+        read = 0
+        for raw in shared:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            seconds, _, size = text.partition(":")
+            with contextlib.suppress(ValueError):
+                router.batch_latency.add(float(seconds), int(size or 1))
+                read += 1
+        router.stats["batch_latencies_shared_read"] += read
+        return router
+
+    async def _share(self, stores: list[BatchStore], seconds: float, size: int) -> None:
+        """Add one provider batch's latency to each batch's fleet list (newest first, the
+        last ``SHARED_LATENCIES`` kept), one round trip per batch."""
+        for store in stores:
+            key = latency_key(store)
+            try:
+                pipe = store.r.pipeline(transaction=False)
+                pipe.lpush(key, f"{seconds:.3f}:{size}")
+                pipe.ltrim(key, 0, SHARED_LATENCIES - 1)
+                pipe.pexpire(key, RECORD_TTL_MS)
+                await pipe.execute()
+            except Exception:  # the fleet routes on less; this worker keeps its own
+                log.debug("could not share a provider batch latency", exc_info=True)
 
     def agent_finished(self, batch_id: str, turns: int) -> None:
         """An agent of the batch ended ok after ``turns`` replies (the turns-left estimate)."""
@@ -219,7 +278,7 @@ class ProviderBatches:
         """Where this turn goes (``Router.route``); a turn routed to the sync API is counted
         on the batch, and is in the router's sync backlog until ``timed_sync`` or
         ``unroute``."""
-        router = self.router(plan)
+        router = await self.router_for(plan, store)
         if router.mode == "batch" or router.deadline is None:
             return "batch"
         where, why = router.decide(self.turns_left(plan, state), await self.live(plan, store))
@@ -233,7 +292,9 @@ class ProviderBatches:
                     router.stats[why] -= 1
                     router.unroute()
                     return "batch"
-            await self.note(plan.batch_id, why, 1)
+            stats = self._stats(store)
+            stats.add(plan.batch_id, why)
+            stats.settle()  # on its way before the turn's request is (not waited on here)
         return where
 
     async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
@@ -271,7 +332,7 @@ class ProviderBatches:
         key = (*plan.backends, plan.model)
         lane = self._lanes[key]
         cid = custom_id(plan.batch_id, index, version)
-        router = self.router(plan)
+        router = await self.router_for(plan, store)
         future = self._futures.get(cid)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
@@ -307,9 +368,12 @@ class ProviderBatches:
                 wait = CANCEL_CHECK_S
                 if hedge is not None:
                     sub = self._submitted.get(self._owner_of.get(cid, ""))
+                    capped = router.stats["hedge_capped"]
                     at = router.hedge_at(since if sub is None else sub.at, turns_left,
                                          None if sub is None else sub.size,
-                                         waiting=self._waiting[plan.batch_id] - 1)
+                                         waiting=self._waiting[plan.batch_id] - 1, turn=cid)
+                    if router.stats["hedge_capped"] > capped:  # kept waiting: the sync path
+                        self._stats(store).add(plan.batch_id, "hedge_capped")  # is full
                     now = redis_clock()
                     if at is not None and now >= at:
                         return await self._hedge(plan, store, cid, future, hedge)
@@ -335,7 +399,7 @@ class ProviderBatches:
                      future: asyncio.Future[ItemResult], hedge: Hedge) -> tuple[ItemResult, bool]:
         """Race the waiting turn against the sync API; the first answer is returned (so the
         turn commits once), the loser cancelled (sync) or forgotten (its ``custom_id``)."""
-        await self.note(plan.batch_id, "batch_hedged", 1)
+        self._stats(store).add(plan.batch_id, "batch_hedged")
         sync = asyncio.ensure_future(hedge())
         try:
             while True:
@@ -343,12 +407,13 @@ class ProviderBatches:
                 await asyncio.wait(racing, timeout=CANCEL_CHECK_S,
                                    return_when=asyncio.FIRST_COMPLETED)
                 if future.done() and future.result().ok:
-                    await self.note(plan.batch_id, "hedge_won_by_batch", 1)
+                    self._stats(store).add(plan.batch_id, "hedge_won_by_batch")
+                    await self._stats(store).settle()  # on the batch before the turn commits
                     return future.result(), True
                 if sync.done() and not future.done() and sync.exception() is not None:
                     log.warning("turn %s: its hedge to the sync API failed (%s); waiting on "
                                 "the provider batch", cid, sync.exception())
-                    await self.note(plan.batch_id, "hedge_failed", 1)
+                    self._stats(store).add(plan.batch_id, "hedge_failed")
                     return await self._wait_only(plan, store, future), True
                 if sync.done() or future.done():
                     break
@@ -360,7 +425,8 @@ class ProviderBatches:
             for wanted in self._wanted.values():
                 wanted.discard(cid)  # the batch's answer, if it comes, is dropped
             response = await sync  # a failed batch item: the sync answer (or its error)
-            await self.note(plan.batch_id, "hedge_won_by_sync", 1)
+            self._stats(store).add(plan.batch_id, "hedge_won_by_sync")
+            await self._stats(store).settle()  # on the batch before the turn commits
             return ItemResult(cid, response=response), False
         finally:
             if not sync.done():
@@ -396,10 +462,12 @@ class ProviderBatches:
             for chunk in chunks:
                 await self._submit(lane.client, chunk)
             if short:  # too few for the provider's minimum: the sync API, counted per batch
+                stats = self._stats(short[0][1].store)
+                for batch_id, n in Counter(t.store.batch_id for _, t in short).items():
+                    stats.add(batch_id, "provider_batch_below_min", n)
+                await stats.settle()  # counted before the turns fall back
                 self._resolve({cid: below_min(cid, len(short), lane.client)
                                for cid, _ in short})
-                for batch_id, n in Counter(t.store.batch_id for _, t in short).items():
-                    await self.note(batch_id, "provider_batch_below_min", n)
 
     async def _submit(self, client: ProviderBatchClient, chunk: list[tuple[str, _Turn]]) -> None:
         """Record the turns as being submitted and count the submission, then submit, then
@@ -410,9 +478,7 @@ class ProviderBatches:
             per_batch.setdefault(turn.store.batch_id, []).append(turn)
         try:
             await self._claim_records(per_batch)
-            for batch_id, turns in per_batch.items():
-                await self.note(batch_id, "provider_batches", 1)
-                await self.note(batch_id, "provider_batch_items", len(turns))
+            await self._count_submit(per_batch)
             state = await client.submit([(cid, t.request) for cid, t in chunk])
         except Exception as exc:  # every turn of it falls back to the sync API, said so
             log.warning("a provider batch of %d turns could not be submitted: %s",
@@ -432,6 +498,21 @@ class ProviderBatches:
                                                {cid for cid, _ in chunk})
         for cid, turn in chunk:
             self._watch(client, state.id, cid, turn.store)
+
+    @staticmethod
+    async def _count_submit(per_batch: dict[str, list[_Turn]]) -> None:
+        """``stat:provider_batches`` and ``stat:provider_batch_items`` of each batch the
+        submit holds turns of, at once (readers compare them with the provider's count right
+        away) and in one round trip."""
+        first = next(iter(per_batch.values()))[0].store
+        async with first.r.pipeline(transaction=True) as pipe:
+            for turns in per_batch.values():
+                meta = turns[0].store.k.meta
+                await first.s.note(keys=[meta], args=["stat:provider_batches", 1],
+                                   client=pipe)
+                await first.s.note(keys=[meta], args=["stat:provider_batch_items", len(turns)],
+                                   client=pipe)
+            await pipe.execute()
 
     async def _claim_records(self, per_batch: dict[str, list[_Turn]]) -> None:
         """Record the turns as being submitted. A record already there that this process did
@@ -510,7 +591,7 @@ class ProviderBatches:
                     delay = min(max(POLL_SHARE * age, POLL_S), MAX_POLL_S)
                     continue
                 ended = True
-                self._observe(batch_id)
+                await self._observe(batch_id)
                 try:
                     found = await client.results(batch_id, wanted)
                 except Exception as exc:
@@ -529,16 +610,19 @@ class ProviderBatches:
             self._watchers.pop(batch_id, None)
             self._submitted.pop(batch_id, None)
 
-    def _observe(self, batch_id: str) -> None:
+    async def _observe(self, batch_id: str) -> None:
         """A provider batch submitted here has ended: its latency, for its batches' routers
-        (an adopted one's submit time is not known)."""
+        here and, through Redis, the fleet's (an adopted one's submit time is not known)."""
         sub = self._submitted.get(batch_id)
         if sub is None or sub.size is None:
             return
-        for owner in self._owners.get(batch_id, {}):
+        seconds = redis_clock() - sub.at
+        owners = self._owners.get(batch_id, {})
+        for owner in owners:
             router = self._routers.get(owner)
             if router is not None:
-                router.batch_latency.add(redis_clock() - sub.at, sub.size)
+                router.batch_latency.add(seconds, sub.size)
+        await self._share(list(owners.values()), seconds, sub.size)
 
     async def _all_cancelled(self, batch_id: str) -> bool:
         try:
@@ -549,8 +633,12 @@ class ProviderBatches:
 
     async def _cancel(self, client: ProviderBatchClient, batch_id: str, why: str) -> None:
         log.info("cancelling provider batch %s: %s", batch_id, why)
-        for owner in self._owners.get(batch_id, {}):
-            await self.note(owner, "provider_batches_cancelled", 1)
+        stats = None
+        for owner, store in self._owners.get(batch_id, {}).items():
+            stats = self._stats(store)
+            stats.add(owner, "provider_batches_cancelled")
+        if stats is not None:
+            await stats.settle()  # counted before the provider sees the cancel
         try:
             await asyncio.wait_for(client.cancel(batch_id), timeout=60)
         except Exception as exc:

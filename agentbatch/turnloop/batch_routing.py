@@ -28,6 +28,14 @@ would only just fit before the deadline on the sync API (earlier would pay the s
 nothing the deadline needs). Without one, past the observed p90 latency of provider batches
 of a similar size (a batch ends with its slowest request).
 
+The hedge cap: with a deadline, many turns reach their hedge time together (they share the
+estimate), and a sync path that answers ``rate`` turns a second can only finish ``rate x (time
+left)`` of them before the deadline. Sending them all (bench_cost on a CPU-starved machine)
+slowed every sync turn, the routed ones too, and missed deadlines. So a due hedge goes only
+while the sync path's work -- its backlog plus the hedges decided whose request has not
+started (``GRANT_S`` at most) -- is under that (at least one); the turns beyond it keep
+waiting in their provider batch (``hedge_capped``, once per turn) and ask again.
+
 Times: ``clock`` is the router's (the embedded engine's ``time.monotonic``, the distributed
 engine's Redis clock, in which the plan carries the deadline); every absolute time given to
 or returned by a router is in it. Durations (latencies) are measured with ``time.monotonic``.
@@ -38,8 +46,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +62,7 @@ TAIL_SHARE = 0.1
 ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
 RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
 PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
+GRANT_S = 10.0  # a hedge decided counts against the cap this long before its request starts
 
 
 @dataclass
@@ -162,6 +171,8 @@ class Router:
         self._probed = False  # "auto": the first routed turn measures the sync latency
         self._probing = False  # ... and it has not ended yet
         self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
+        self._granted: deque[float] = deque()  # hedges decided, request not started (when)
+        self._capped: set[Hashable] = set()  # the turns a due hedge was refused (counted)
 
     def quantile(self, q: float, at_least: float = 0, *, bound: bool = False) -> float | None:
         """``batch_latency``'s quantile with the open batches censored, reused for
@@ -235,8 +246,39 @@ class Router:
             self._probed = False  # an unsent probe measured nothing: the next turn probes
         self._probing = False
 
+    def hedge_cap(self) -> int:
+        """How many turns the sync path may have outstanding (backlog and decided hedges)
+        for another hedge to go: its observed throughput times the time left before the
+        deadline (``SAFETY_S`` kept), at least one."""
+        assert self.deadline is not None
+        left = self.deadline - SAFETY_S - self.clock()
+        median = self.sync_latency.quantile(0.5)
+        rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
+        return max(1, math.floor(rate * left))
+
+    def outstanding(self) -> int:
+        """The sync path's backlog plus the hedges decided whose request has not started."""
+        now = time.monotonic()
+        while self._granted and now - self._granted[0] > GRANT_S:
+            self._granted.popleft()  # never started (the batch answered first): forgotten
+        return self.sync_path.backlog + len(self._granted)
+
+    def _may_hedge(self, turn: Hashable) -> bool:
+        """A due hedge goes (and is counted against the cap until its request starts), or
+        is refused at the cap: the turn keeps waiting in its provider batch."""
+        if self.outstanding() < self.hedge_cap():
+            self._granted.append(time.monotonic())
+            self._capped.discard(turn)
+            return True
+        if turn not in self._capped:
+            if len(self._capped) > 10_000:
+                self._capped.clear()
+            self._capped.add(turn)
+            self.stats["hedge_capped"] += 1
+        return False
+
     def hedge_at(self, submitted: float, turns_left: float, size: int | None,
-                 waiting: int = 0) -> float | None:
+                 waiting: int = 0, *, turn: Hashable | None = None) -> float | None:
         """When a waiting batch turn should race the sync API (None: not yet known).
 
         With a deadline: when its remaining turns would only just fit on the sync API, behind
@@ -246,7 +288,11 @@ class Router:
         slowest request, so the p90 of small batches would hedge a big one still on course,
         every turn of it at the sync price. While ``"auto"``'s probe is out, the deadline's
         hedge time is not known: on the prior (``PRIOR_SYNC_S`` a turn, behind every waiting
-        turn) a worker claiming turns as the probe leaves hedged every one of them."""
+        turn) a worker claiming turns as the probe leaves hedged every one of them.
+
+        With a deadline, a time that has come is a hedge decided: the caller sends it now.
+        At the hedge cap (``hedge_cap``) it is None instead (the turn keeps waiting and asks
+        again), counted once per ``turn`` (default: per ``(submitted, size)``)."""
         times = []
         if size is not None and self.deadline is None:
             similar = self.batch_latency.of_size(SIMILAR * size)
@@ -255,8 +301,12 @@ class Router:
                 times.append(submitted + p90)
         if self.deadline is not None and not (self._probing and not self.sync_latency.samples):
             ahead = self.sync_path.backlog + max(waiting, 0)
-            times.append(self.deadline - self.sync_estimate(ahead)
-                         - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
+            at = (self.deadline - self.sync_estimate(ahead)
+                  - (turns_left - 1) * self.sync_estimate() - SAFETY_S)
+            if self.clock() >= at and not self._may_hedge(
+                    (submitted, size) if turn is None else turn):
+                return None
+            times.append(at)
         return min(times, default=None)
 
     def allows_sync(self) -> bool:
@@ -270,6 +320,8 @@ class Router:
         if routed and self.routed_sync > 0:
             self.routed_sync -= 1
         else:
+            if self._granted:
+                self._granted.popleft()  # a hedge decided: in the backlog from now
             self.sync_path.joined()
         answered = False
         started = time.monotonic()

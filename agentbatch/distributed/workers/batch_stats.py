@@ -1,12 +1,17 @@
 """Counters a worker adds to batches' ``meta`` in the background, gathered, not per event.
 
 A pool's moves and a hedge's outcome and loser tokens happen inside a model call, many per
-second on a busy worker. ``WorkerContext.note`` would spend a Redis round trip on each (two
+second on a busy worker; so do ``pricing="auto"``'s routing and provider-batch hedge counts
+(``provider_batches.py``). ``WorkerContext.note`` would spend a Redis round trip on each (two
 or four per hedge); these counts are for operators, not for the turn machine, so they wait
 here and are written every ``FLUSH_S`` at most: one round trip per flush for all the
 batches that moved (a transaction of one ``note`` script per field, so ``handle.status()``
 sees a flush whole, never a hedge without its outcome). ``note`` leaves a batch whose
 ``meta`` is gone alone, as for every other stat.
+
+A count that must be on the batch before what follows it (a hedged turn's commit, a cancel
+at the provider that a reader may see first) asks for ``settle``: a flush now, shared by every
+caller in the same pass of the loop, so a burst of such events is still one round trip.
 
 A flush that fails keeps its counts for the next one. What a process holds when it is
 SIGKILLed (at most ``FLUSH_S`` worth) is lost: the counters are statistics, never state.
@@ -36,6 +41,7 @@ class BatchStats:
         self.flush_s = flush_s
         self._pending: dict[str, Counter[str]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._gathering: asyncio.Task[None] | None = None  # a settle not yet flushing
 
     def add(self, batch_id: str, field: str, n: int = 1) -> None:
         """Count ``n`` on ``stat:<field>`` of the batch, in the next flush (on the running
@@ -46,6 +52,23 @@ class BatchStats:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
                 self._flush_later(), name="agentbatch-batch-stats")
+
+    def settle(self) -> asyncio.Future[None]:
+        """Flush what waits now (not at the next timed flush); await the result for the
+        counts to be written (or kept, on failure) first. Callers in the same pass of the
+        loop share one flush; a caller after it has taken its counts gets the next one."""
+        task = self._gathering
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._settle(),
+                                                          name="agentbatch-batch-stats-now")
+            self._gathering = task
+        return asyncio.shield(task)
+
+    async def _settle(self) -> None:
+        await asyncio.sleep(0)  # the others counting in this pass of the loop join
+        if self._gathering is asyncio.current_task():
+            self._gathering = None  # counts added from now wait for the next settle
+        await self.flush()
 
     def pending(self) -> dict[str, dict[str, int]]:
         """What waits for the next flush (for tests and debugging)."""

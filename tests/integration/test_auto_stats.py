@@ -1,0 +1,149 @@
+"""The distributed provider-batch counters (``distributed/provider_batches.py``) on a real
+redis-server: routing and hedge counts go through the worker's background ``BatchStats`` (a
+burst of them is one transaction, never one ``note`` round trip each), and a submission's two
+counts are one round trip, on the batch before the provider is asked. Commands are counted
+with MONITOR, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agentbatch.core.agent_state import AgentState
+from agentbatch.core.plan import BatchPlan
+from agentbatch.distributed.provider_batches import ProviderBatches, _Turn, redis_clock
+from agentbatch.distributed.state.connection import async_client
+from agentbatch.distributed.state.keys import BatchKeys
+from agentbatch.distributed.state.redis_store import BatchStore, sync_clock
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.workers.batch_stats import BatchStats
+from tests.support.redis_monitor import MonitorRecorder
+
+pytestmark = [pytest.mark.redis]
+
+N = 20
+MAX_TURNS = 3
+
+
+def _plan(batch_id: str, total: int = N) -> BatchPlan:
+    return BatchPlan(batch_id=batch_id, total=total, model="m", backends=["sim://127.0.0.1:1"],
+                     system_message="", max_turns=MAX_TURNS, pricing="auto",
+                     deadline_at=redis_clock() + 600.0)
+
+
+def _names(seen: MonitorRecorder) -> list[bytes]:
+    return [c[0].upper() for c in seen.commands if c]
+
+
+def _stat_evals(seen: MonitorRecorder) -> list[int]:
+    """Where in the MONITOR log each ``note`` of a ``stat:`` field ran."""
+    return [i for i, c in enumerate(seen.commands)
+            if c and c[0].upper() == b"EVALSHA" and any(a.startswith(b"stat:") for a in c)]
+
+
+def test_a_burst_of_routed_turns_is_counted_in_one_transaction_without_note(
+        redis_url: str) -> None:
+    notes: list[tuple[str, str, int]] = []
+
+    async def note(batch_id: str, what: str, n: int = 1) -> None:
+        notes.append((batch_id, what, n))
+
+    async def scenario() -> tuple[dict[str, str], MonitorRecorder]:
+        client = async_client(redis_url)
+        await sync_clock(client, force=True)
+        scripts = Scripts(client)
+        stats = BatchStats(client, scripts, flush_s=3600)  # only ``settle`` writes here
+        batches = ProviderBatches(note, stats)
+        plan, store = _plan("burst"), BatchStore(client, scripts, "burst")
+        # one agent live: every agent on its last turn is at the batch's tail
+        await client.hset(store.k.meta, mapping={"total": N, "delivered": N - 1})
+        states = [AgentState(index=i, input={}, turns=MAX_TURNS - 1) for i in range(N)]
+        with MonitorRecorder(redis_url) as seen:
+            routes = await asyncio.gather(*(batches.route(plan, store, s) for s in states))
+            await stats.settle()
+        assert routes == ["sync"] * N  # the probe, then the tail
+        meta = {str(k): str(v) for k, v in (await client.hgetall(store.k.meta)).items()}
+        await client.aclose()
+        return meta, seen
+
+    meta, seen = asyncio.run(scenario())
+    assert notes == []  # not one ``note`` round trip per routed turn
+    assert meta["stat:routed_sync_probe"] == "1"
+    assert meta["stat:routed_sync_tail"] == str(N - 1)
+    # gathered: one note per field per flush (the turns that route in one pass of the loop
+    # share a flush), each flush one transaction; before, one note round trip per turn
+    evals, names = _stat_evals(seen), _names(seen)
+    assert len(evals) < N // 2, seen.commands
+    assert names.count(b"MULTI") < N // 2, names
+    assert all(_in_transaction(names, i) for i in evals), names
+
+
+def _in_transaction(names: list[bytes], at: int) -> bool:
+    before = names[:at]
+    return b"MULTI" in before and (b"EXEC" not in before
+                                   or before[::-1].index(b"MULTI") < before[::-1].index(b"EXEC"))
+
+
+class _Provider:
+    """A provider batch client that takes any submit and never ends a batch."""
+
+    min_items = 1
+    max_items = 1000
+
+    def __init__(self) -> None:
+        self.submitted: list[list[str]] = []
+
+    async def submit(self, items: list[tuple[str, Any]]) -> Any:
+        self.submitted.append([cid for cid, _ in items])
+        return SimpleNamespace(id=f"pb{len(self.submitted)}")
+
+    async def state(self, batch_id: str) -> Any:
+        return SimpleNamespace(ended=False, status="in_progress")
+
+
+def test_a_submission_is_counted_for_each_batch_in_one_round_trip_before_it_is_sent(
+        redis_url: str) -> None:
+    notes: list[tuple[str, str, int]] = []
+    sizes = {"a": 3, "b": 2}
+
+    async def note(batch_id: str, what: str, n: int = 1) -> None:
+        notes.append((batch_id, what, n))
+
+    async def scenario() -> tuple[dict[str, dict[str, str]], MonitorRecorder, _Provider]:
+        client = async_client(redis_url)
+        await sync_clock(client, force=True)
+        scripts = Scripts(client)
+        batches = ProviderBatches(note, BatchStats(client, scripts, flush_s=3600))
+        provider = _Provider()
+        loop = asyncio.get_running_loop()
+        chunk = []
+        for batch_id, n in sizes.items():
+            store = BatchStore(client, scripts, batch_id)
+            await client.hset(store.k.meta, "total", n)
+            chunk += [(f"{batch_id}-{i}", _Turn(store, i, 0, None, loop.create_future()))  # type: ignore[arg-type]
+                      for i in range(n)]
+        with MonitorRecorder(redis_url) as seen:
+            await batches._submit(provider, chunk)  # type: ignore[arg-type]
+        metas = {b: {str(k): str(v) for k, v in
+                     (await client.hgetall(BatchKeys(b).meta)).items()} for b in sizes}
+        for task in list(batches._tasks):
+            task.cancel()
+        await asyncio.gather(*batches._tasks, return_exceptions=True)
+        await client.aclose()
+        return metas, seen, provider
+
+    metas, seen, provider = asyncio.run(scenario())
+    assert len(provider.submitted) == 1 and notes == []
+    for batch_id, n in sizes.items():  # on the batch at once: readers compare right away
+        assert metas[batch_id]["stat:provider_batches"] == "1"
+        assert metas[batch_id]["stat:provider_batch_items"] == str(n)
+    names = _names(seen)
+    evals = _stat_evals(seen)
+    assert len(evals) == 4, seen.commands
+    # all four in one transaction: one round trip
+    assert names.count(b"MULTI") == 1, names
+    multi, exec_ = names.index(b"MULTI"), names.index(b"EXEC")
+    assert all(multi < i < exec_ for i in evals), names

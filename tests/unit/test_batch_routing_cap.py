@@ -1,0 +1,92 @@
+"""The hedge cap of ``batch_routing.Router`` (both engines): with a deadline, the turns whose
+hedge time has come race the sync API only while the sync path's outstanding work is under
+its observed throughput times the time left; the rest keep waiting in their provider batch
+(``hedge_capped``, once per turn). Decisions given what the router observed: no I/O, no
+sleeps, a fixed router clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentbatch.turnloop import batch_routing
+from agentbatch.turnloop.batch_routing import SAFETY_S, Router
+
+NOW = 1000.0
+WAITING = 20
+
+
+def _router(left_s: float | None) -> Router:
+    """A router whose sync path was seen answering one turn a second (1 s each, one at a
+    time), ``left_s`` before its deadline (``SAFETY_S`` kept); None: no deadline."""
+    deadline = None if left_s is None else NOW + SAFETY_S + left_s
+    router = Router("batch", deadline, total=100, clock=lambda: NOW)
+    for _ in range(3):
+        router.sync_latency.add(1.0)
+    router.sync_path.done, router.sync_path.busy_s = 10.0, 10.0  # with the prior: 1 a second
+    return router
+
+
+def _due(router: Router, turns: range) -> list[int]:
+    """The turns (all waiting together, submitted 10 s ago) whose hedge goes now."""
+    sent = []
+    for turn in turns:
+        at = router.hedge_at(NOW - 10.0, 1.0, 4, waiting=WAITING - 1, turn=turn)
+        if at is not None and at <= NOW:
+            sent.append(turn)
+    return sent
+
+
+def test_due_hedges_beyond_throughput_times_time_left_keep_waiting() -> None:
+    router = _router(8.5)
+    assert router.hedge_cap() == 8  # 1 turn a second, 8.5 s left
+    sent = _due(router, range(WAITING))
+    assert sent == list(range(8))  # the hedge time came for all 20: 8 go
+    assert router.stats["hedge_capped"] == WAITING - 8
+    assert _due(router, range(8, WAITING)) == []  # asked again: still at the cap
+    assert router.stats["hedge_capped"] == WAITING - 8  # counted once per turn
+    # one hedge's request ends: the sync path has room for one more
+    with router.timed_sync():
+        pass
+    assert _due(router, range(8, WAITING))[:1] == [8]
+
+
+def test_a_hedge_decided_counts_until_its_request_starts_and_then_in_the_backlog() -> None:
+    router = _router(3.5)
+    assert _due(router, range(WAITING)) == [0, 1, 2]
+    assert router.outstanding() == 3  # decided, not started
+    with router.timed_sync():  # one starts: it moves into the sync path's backlog
+        assert router.outstanding() == 3
+        assert router.sync_path.backlog == 1
+    assert router.outstanding() == 2
+
+
+def test_a_decided_hedge_whose_request_never_starts_stops_counting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    router = _router(3.5)
+    assert _due(router, range(WAITING)) == [0, 1, 2]
+    monkeypatch.setattr(batch_routing, "GRANT_S", -1.0)  # their batches answered first
+    assert router.outstanding() == 0
+    monkeypatch.undo()
+    assert _due(router, range(3, WAITING)) == [3, 4, 5]
+
+
+def test_past_the_deadline_one_hedge_at_a_time_still_goes() -> None:
+    router = _router(-5.0)
+    assert router.hedge_cap() == 1
+    assert _due(router, range(WAITING)) == [0]
+    assert router.stats["hedge_capped"] == WAITING - 1
+
+
+def test_without_a_deadline_the_p90_hedge_is_not_capped() -> None:
+    router = _router(None)
+    for _ in range(5):
+        router.batch_latency.add(5.0, 4)
+    assert len(_due(router, range(WAITING))) == WAITING  # 10 s waited, past the 5 s p90
+    assert router.stats["hedge_capped"] == 0
+
+
+def test_routed_sync_turns_fill_the_cap_too() -> None:
+    router = _router(4.5)
+    for _ in range(3):  # three turns routed to the sync API, their requests out
+        router.sync_path.joined()
+    assert _due(router, range(WAITING)) == [0]
