@@ -19,7 +19,11 @@ known) is under the bar, suspect ones last, then the fewest in flight, ties by t
 ranking. At most one hedge per turn. The counters (``stats``) are in
 ``handle.stats()["pool"]["hedge"]``: hedges sent, won by the hedge, won by the original,
 and the loser's tokens: exact when both answered, else the loser's prompt (the same as the
-winner's; its completion tokens are not known, since it was stopped). The same counts go to
+winner's; its completion tokens are not known, since it was stopped). Those tokens were paid
+for, so the winner's reply carries them (``ModelResponse.hedge_usage``): the turn machine
+adds them to the agent's ``hedge_usage``, which its ``cost_usd``, the caps and the batch's
+spend count at the sync prices (``core/pricing.state_cost``; on the distributed engine the
+winning commit adds them to the spend in Redis). The same counts go to
 Prometheus as they happen (``agentbatch_hedges_total``, ``agentbatch_hedge_outcomes_total``,
 ``agentbatch_hedge_loser_tokens_total``), and a subclass may count them elsewhere too by
 overriding ``_settled`` and ``_count_loser`` (the distributed engine: per batch,
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentbatch.core.errors import BackendError
-from agentbatch.core.model_io import ModelResponse
+from agentbatch.core.model_io import ModelResponse, Usage
 from agentbatch.metrics import (
     hedging_enabled,
     record_hedge_loser_tokens,
@@ -188,13 +192,19 @@ class Hedger:
             endpoint, sent = starts[winner]
             self.record(endpoint, asyncio.get_running_loop().time() - sent)
             self._settled("hedge_won" if winner is hedge else "original_won")
-            usage = winner.result().usage
+            response = winner.result()
+            lost: Usage | None = None
             if len(answered) > 1:  # both answered at once: the loser's tokens are known
                 lost = answered[1].result().usage
-                self._count_loser(lost.prompt_tokens, lost.completion_tokens)
             elif pending:  # cancelled by ``race``: its prompt was sent, its completion unknown
-                self._count_loser(usage.prompt_tokens, 0)
-            return winner.result()
+                lost = Usage(prompt_tokens=response.usage.prompt_tokens)
+            if lost is None:  # the loser failed: a backend error, nothing to pay
+                return response
+            self._count_loser(lost.prompt_tokens, lost.completion_tokens)
+            # the turn machine adds it to the agent's paid tokens: cost_usd and the spend
+            return response.model_copy(update={"hedge_usage": Usage(
+                prompt_tokens=lost.prompt_tokens, cached_tokens=lost.cached_tokens,
+                completion_tokens=lost.completion_tokens)})
         self._settled("both_failed")
         raise errors.get(call) or next(iter(errors.values()))
 

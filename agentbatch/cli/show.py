@@ -75,7 +75,7 @@ def show(batch_id: str = typer.Argument(..., metavar="BATCH_ID"),
 
     A running agent's so far; an ended one's when it was kept (keep_transcript=True, or it
     failed), until the batch's retention runs out. With ``prices``, its spend so far."""
-    from agentbatch.core.pricing import plan_cost
+    from agentbatch.core.pricing import agent_cost
     from agentbatch.distributed.state.keys import BatchKeys
     from agentbatch.distributed.state.transcripts import stored_agent
 
@@ -98,7 +98,7 @@ def show(batch_id: str = typer.Argument(..., metavar="BATCH_ID"),
     console = Console(highlight=False, soft_wrap=True)
     status = state.status.value + (f" ({state.error.kind}: {state.error.message})"
                                    if state.error else "")
-    cost = plan_cost(state.usage, plan.prices, plan.model, state.batch_usage)
+    cost = agent_cost(state, plan.prices, plan.model)
     spent = "" if cost is None else f" · ${cost:,.4f} spent"  # nothing without prices
     console.print(Text(visible(f"batch {batch_id} · agent {index} · {status} · "
                                f"{state.turns} turns{spent}"), style="bold"))

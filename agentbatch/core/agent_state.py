@@ -43,6 +43,9 @@ class AgentState(BaseModel):
     # and how many replies that was; the rest went through the sync API.
     batch_usage: Usage = Field(default_factory=Usage)
     batch_turns: int = 0
+    # Tokens of hedged turns' losing requests: paid for (at the sync prices) but not in
+    # ``usage``, which counts the replies the agent used. None until a hedge has lost.
+    hedge_usage: Usage | None = None
     tool_log: list[ToolCallRecord] = Field(default_factory=list)
     text: str | None = None
     ttft_s: float | None = None  # time to first token of the first streamed model turn

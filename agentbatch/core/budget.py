@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.plan import BatchPlan
-from agentbatch.core.pricing import plan_cost, split_cost
+from agentbatch.core.pricing import agent_cost, state_cost
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def plan_refusal(plan: BatchPlan, state: AgentState, spent: float) -> str | None
     Redis (fleet-wide), the agent's own from the usage in its state."""
     if plan.max_cost_usd is None and plan.max_agent_cost_usd is None:
         return None
-    mine = plan_cost(state.usage, plan.prices, plan.model, state.batch_usage) or 0.0
+    mine = agent_cost(state, plan.prices, plan.model) or 0.0
     return cap_refusal(plan.max_cost_usd, spent, plan.max_agent_cost_usd, mine)
 
 
@@ -91,10 +91,11 @@ def turn_spend(plan: BatchPlan, old: AgentState, new: AgentState) -> float | Non
     """What ``old`` → ``new`` adds to the batch's spend at its prices (None: no prices)."""
     if not plan.prices:
         return None
-    if new.usage == old.usage and new.batch_usage == old.batch_usage:
+    if (new.usage == old.usage and new.batch_usage == old.batch_usage
+            and new.hedge_usage == old.hedge_usage):
         return 0.0
-    after = plan_cost(new.usage, plan.prices, plan.model, new.batch_usage) or 0.0
-    before = plan_cost(old.usage, plan.prices, plan.model, old.batch_usage) or 0.0
+    after = agent_cost(new, plan.prices, plan.model) or 0.0
+    before = agent_cost(old, plan.prices, plan.model) or 0.0
     return after - before
 
 
@@ -116,12 +117,13 @@ class Budget:
     def cost(self, state: AgentState) -> float:
         if self.prices is None:
             return 0.0
-        return split_cost(state.usage, state.batch_usage, self.prices)
+        return state_cost(state, self.prices)
 
     def record(self, before: AgentState, after: AgentState) -> None:
         """Account one committed transition (called for every state the engine commits)."""
         self.work.record(before, after)
-        if self.prices is None or after.usage == before.usage:
+        if self.prices is None or (after.usage == before.usage
+                                   and after.hedge_usage == before.hedge_usage):
             return
         now = self.cost(after)
         self.spent += now - self._agent.get(after.index, 0.0)

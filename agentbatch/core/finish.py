@@ -5,7 +5,7 @@ from __future__ import annotations
 from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.output import OutputContract
 from agentbatch.core.plan import BatchPlan
-from agentbatch.core.pricing import plan_cost
+from agentbatch.core.pricing import agent_cost
 from agentbatch.core.results import AgentError, AgentResult
 
 
@@ -19,8 +19,9 @@ def result_from_state(state: AgentState, latency_s: float | None = None,
                       plan: BatchPlan | None = None, *,
                       transcript: bool = False) -> AgentResult:
     """The JSON-ready result; ``output`` is still the plain validated JSON value;
-    ``cost_usd`` from the agent's usage at ``plan.prices`` (None without); ``messages``
-    only with ``transcript`` (the distributed engine keeps them in Redis, not the result)."""
+    ``cost_usd`` what the agent paid at ``plan.prices`` (``agent_cost``; None without);
+    ``messages`` only with ``transcript`` (the distributed engine keeps them in Redis, not
+    the result)."""
     ok = state.status is AgentStatus.DONE
     error = state.error
     if not ok and error is None:
@@ -34,8 +35,7 @@ def result_from_state(state: AgentState, latency_s: float | None = None,
         error=None if ok else error,
         turns=state.turns,
         usage=state.usage,
-        cost_usd=None if plan is None else plan_cost(state.usage, plan.prices, plan.model,
-                                                         state.batch_usage),
+        cost_usd=None if plan is None else agent_cost(state, plan.prices, plan.model),
         tool_calls=state.tool_log,
         latency_s=latency_s,
         ttft_s=state.ttft_s,

@@ -124,6 +124,9 @@ class ModelResponse(BaseModel):
     ttft_s: float | None = None
     # HTTP attempts this reply took (set by ``RetryingBackend``); charged to ``max_retries``.
     attempts: int = 1
+    # A hedged turn's losing request (``backends/hedge.py``): tokens paid for but not part of
+    # this reply, priced into the agent's ``cost_usd`` and the batch's spend at sync prices.
+    hedge_usage: Usage | None = None
 
     @model_validator(mode="after")
     def _unique_call_ids(self) -> ModelResponse:

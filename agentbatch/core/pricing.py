@@ -20,12 +20,15 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from agentbatch.core.errors import BatchSpecError
 from agentbatch.core.model_io import Usage
+
+if TYPE_CHECKING:
+    from agentbatch.core.agent_state import AgentState
 
 PRICES_ENV = "AGENTBATCH_PRICES"
 SYNC_KEYS = ("prompt", "cached_prompt", "completion")
@@ -130,9 +133,33 @@ def split_cost(usage: Usage, batch_usage: Usage, prices: Mapping[str, float]) ->
 
 
 def plan_cost(usage: Usage, table: Mapping[str, Mapping[str, float]] | None,
-              model: str, batch_usage: Usage | None = None) -> float | None:
+              model: str, batch_usage: Usage | None = None,
+              hedge_usage: Usage | None = None) -> float | None:
     """``usage`` at the plan's prices for ``model`` (``batch_usage``, the part served by a
-    provider batch, at the batch prices); None when the batch has no prices."""
+    provider batch, at the batch prices), plus ``hedge_usage``, hedged turns' losing requests,
+    paid at the sync prices; None when the batch has no prices."""
     if not table or model not in table:
         return None
-    return split_cost(usage, batch_usage or Usage(), table[model])
+    cost = split_cost(usage, batch_usage or Usage(), table[model])
+    if hedge_usage is not None:
+        cost += cost_usd(hedge_usage, table[model])
+    return cost
+
+
+def state_cost(state: AgentState, prices: Mapping[str, float]) -> float:
+    """What an agent has paid at ``prices``: its replies (the provider batch's part at the
+    ``batch_`` prices), and the losing requests of its hedged turns at the sync prices. The
+    one reckoning of a result's ``cost_usd``, an agent's spend against its cap, and (as a
+    difference) what a commit adds to the batch's spend, on both engines."""
+    cost = split_cost(state.usage, state.batch_usage, prices)
+    if state.hedge_usage is not None:
+        cost += cost_usd(state.hedge_usage, prices)
+    return cost
+
+
+def agent_cost(state: AgentState, table: Mapping[str, Mapping[str, float]] | None,
+               model: str) -> float | None:
+    """``state_cost`` at the plan's prices for ``model``; None when the batch has none."""
+    if not table or model not in table:
+        return None
+    return state_cost(state, table[model])

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentbatch.core.agent_state import AgentState, AgentStatus
-from agentbatch.core.model_io import FINISH_LOOP, Message, ModelResponse, ToolCall, ToolOutcome
+from agentbatch.core.model_io import (
+    FINISH_LOOP,
+    Message,
+    ModelResponse,
+    ToolCall,
+    ToolOutcome,
+    Usage,
+)
 from agentbatch.core.options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
 from agentbatch.core.output import ParsedOutput
 from agentbatch.core.results import AgentError, ErrorKind, ToolCallRecord
@@ -160,6 +167,9 @@ def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
             state = state.model_copy(update={
                 "batch_usage": state.batch_usage + event.response.usage,
                 "batch_turns": state.batch_turns + 1})
+        if event.response.hedge_usage is not None:  # a hedge's loser: paid, not replied
+            state = state.model_copy(update={
+                "hedge_usage": (state.hedge_usage or Usage()) + event.response.hedge_usage})
         return _model_replied(policy, state, event.response)
     if state.status is not AgentStatus.AWAITING_TOOLS:
         raise InvalidTransition(f"agent {state.index} is not waiting on tools")

@@ -32,10 +32,12 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
     done = awaiting = 0
     kinds: dict[str, int] = {}
     prompt = cached = completion = 0
-    batch_usage = Usage()
+    batch_usage = hedge_usage = Usage()
     for s in states:
         if s.batch_turns:
             batch_usage = batch_usage + s.batch_usage
+        if s.hedge_usage is not None:
+            hedge_usage = hedge_usage + s.hedge_usage
         prompt += s.usage.prompt_tokens
         cached += s.usage.cached_tokens
         completion += s.usage.completion_tokens
@@ -58,7 +60,8 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
         tokens=TokenCounts(prompt, cached, completion), throughput=throughput,
         cost_usd=plan_cost(Usage(prompt_tokens=prompt, cached_tokens=cached,
                                  completion_tokens=completion),
-                           engine.rt.plan.prices, engine.rt.plan.model, batch_usage),
+                           engine.rt.plan.prices, engine.rt.plan.model, batch_usage,
+                           hedge_usage),
         projected_cost_usd=None if engine.budget is None else engine.budget.projected_usd,
         budget_warning=None if engine.budget is None else engine.budget.warning,
         eta_s=eta(total - done - failed, throughput),

@@ -14,7 +14,11 @@ caller's task, and the hedge's task inherits the variable), and ``BatchHedger`` 
 settled hedge on that batch: ``stat:hedges`` and one of ``stat:hedge_wins`` (the hedge
 answered first), ``stat:hedge_original_wins``, ``stat:hedge_both_failed``, and the losing
 request's tokens, ``stat:hedge_loser_prompt_tokens`` and ``stat:hedge_loser_completion_tokens``
-(as on the embedded engine: exact when both answered, else the loser's prompt). Every
+(as on the embedded engine: exact when both answered, else the loser's prompt). Those tokens
+are paid as well: the race hands them to the turn with its winning reply
+(``ModelResponse.hedge_usage``), so the agent's ``cost_usd`` counts them, and the winning
+turn's commit adds their cost to the batch's ``spend`` in Redis in the same atomic step as
+the compare-and-set (``core/budget.turn_spend``), as for any reply: the caps see them. Every
 ``BatchTagged`` pool's moves are counted the same way (``count_batch_moves``):
 ``stat:pool_moves_load`` and ``stat:pool_moves_failover``. They reach the batch's ``meta`` in
 the worker's next stats flush (``batch_stats.py``: half a second at most, one round trip for
