@@ -72,8 +72,8 @@ Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results fil
 about half an hour on a 2-core machine shared with other engineers' tests.)
 
 ``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
-gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with the
-pool's ``routing="least_outstanding"``; ``naive_round_robin`` sends each turn to the next
+gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with
+``pool_routing="least_outstanding"``; ``naive_round_robin`` sends each turn to the next
 server, ``naive_hash`` pins each agent to one server by a hash of its number. Engine counters
 are summed over the servers, with each server's share (``per_server``, ``busy_max_over_mean``)
 and agentbatch embedded's ``moves``. The ``longconv`` workload: 3+ agents each read a 6-page
@@ -84,9 +84,9 @@ instead, so every system ends each agent at ``max_turns`` after 7 turns (agentba
 ``max_turns`` error; naive: the same rule) and valid is 0 for all of them. The work is the
 same 7 turns per agent for every system, which is what the pool's routing is measured on.
 ``embedded_no_probe`` is ``embedded`` with ``warm_prefix=False`` (no warm-up cache probe on
-the servers, no ``id_slot``). Two patches remain, since no declared option selects these:
-``routing="least_outstanding"`` (an ``EndpointPool`` argument) and the six forced reads
-(``core.turns._must_call_tool``; ``tool_choice="required"`` forces one).
+the servers, no ``id_slot``). The pool systems patch nothing: ``embedded_least_outstanding``
+is the batch option ``pool_routing="least_outstanding"``, and the six forced reads are
+``tool_choice="required"`` with ``required_tool_rounds=6``, as a user would set them.
 
 Workloads: (a) ``structured``: N structured-output agents sharing a ~350-token system prompt;
 (b) ``tools``: 40 agents, one 200 ms tool whose key is shared 10 ways (its argument is one of 4
@@ -125,7 +125,6 @@ from pydantic import BaseModel, Field, ValidationError
 from agentbatch import arun_batch, asubmit_batch, submit_batch, tool
 from agentbatch.backends.llamacpp import SlotPicker, observe_ttft
 from agentbatch.backends.prom import metric_sum, parse_prometheus
-from agentbatch.core import turns as turns_module
 from agentbatch.core.options import DEFAULT_MAX_INFLIGHT
 from agentbatch.core.output import OutputContract
 from agentbatch.turnloop.compile import system_message
@@ -202,26 +201,11 @@ _PAGE_BODY = (
     "valve and the filter, and write the reading in the log book with the date. "
 )
 MAX_TURNS = {"tools": 3, "longconv": MAX_TURNS_L}  # agentbatch's max_turns = naive's limit
-# Tool rounds an agent must take before it may answer: ``tool_choice="required"`` forces one;
-# SmolLM2-135M answers after page 1 whatever the prompt says (measured: 2 turns per agent with
-# three phrasings), so on ``longconv`` both systems force all six reads (``_must_call_tool``).
+# Tool rounds an agent must take before it may answer: ``tool_choice="required"`` forces them
+# (``required_tool_rounds``); SmolLM2-135M answers after page 1 whatever the prompt says
+# (measured: 2 turns per agent with three phrasings), so on ``longconv`` both systems force
+# all six reads.
 REQUIRED_CALLS = {"tools": 1, "longconv": PAGES}
-
-
-def _must_read_every_page(policy: Any, state: Any) -> bool:
-    """``tool_choice="required"`` for the first ``PAGES`` tool rounds of a long-conversation
-    agent (its first message is a ``TASK_L`` task: the system prompt is not in the state), as
-    the naive loop does; agentbatch's own rule (one round) for every other agent."""
-    messages = state.messages
-    if not (policy.require_tool_call and messages
-            and TASK_L.split("{i}")[1] in str(messages[0].get("content", ""))):
-        return _ORIGINAL_MUST_CALL(policy, state)
-    return sum(1 for m in messages if m.get("role") == "tool") < PAGES
-
-
-_ORIGINAL_MUST_CALL = turns_module._must_call_tool
-# Module-level, so the distributed workers (which import this module for its tools) apply it.
-turns_module._must_call_tool = _must_read_every_page
 # The naive loop allows one repair turn per agent; agentbatch gets the same budget, so both
 # do the same work (agentbatch's default is 2).
 MAX_RETRIES = 1
@@ -356,8 +340,9 @@ def _ab_kwargs(workload: str, n: int, max_tokens: int, run: int) -> dict[str, An
     if workload == "longconv":
         return {"task": TASK_L, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_L,
                 "output_schema": ManualReport, "tools": [read_page], "tool_calling": "json",
-                "tool_choice": "required", "max_turns": MAX_TURNS_L,
-                "max_retries": MAX_RETRIES, "max_tool_calls_per_turn": MAX_CALLS_B, **common}
+                "tool_choice": "required", "required_tool_rounds": REQUIRED_CALLS[workload],
+                "max_turns": MAX_TURNS_L, "max_retries": MAX_RETRIES,
+                "max_tool_calls_per_turn": MAX_CALLS_B, **common}
     return {"task": TASK_B, "inputs": inputs(workload, n, run), "system_prompt": SYSTEM_B,
             "output_schema": PriceReport, "tools": [price], "tool_calling": "json",
             "tool_choice": "required", "max_turns": 3, "max_retries": MAX_RETRIES,
@@ -419,19 +404,9 @@ def _cache_probes(handle: Any) -> list[dict[str, Any]]:
 
 async def run_embedded_least_outstanding(ctx: dict[str, Any], workload: str,
                                          n: int) -> dict[str, Any]:
-    """``embedded`` on a pool with ``routing="least_outstanding"`` (every turn to the endpoint
-    with the fewest in flight, no affinity). The routing is an ``EndpointPool`` constructor
-    argument, not a batch option, so the benchmark sets it on the pool ``open_backend``
-    builds."""
-    from agentbatch.backends.pool import EndpointPool
-
-    original = EndpointPool.__init__
-
-    def least_outstanding(self: EndpointPool, backends: list[Any], **kw: Any) -> None:
-        original(self, backends, **{**kw, "routing": "least_outstanding"})
-
-    with patch.object(EndpointPool, "__init__", least_outstanding):
-        return await run_embedded(ctx, workload, n)
+    """``embedded`` on a pool with ``pool_routing="least_outstanding"`` (every turn to the
+    endpoint with the fewest in flight, no affinity)."""
+    return await run_embedded(ctx, workload, n, pool_routing="least_outstanding")
 
 
 async def run_embedded_unpinned(ctx: dict[str, Any], workload: str, n: int) -> dict[str, Any]:

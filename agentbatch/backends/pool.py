@@ -7,7 +7,8 @@ computes the same home, so on the distributed engine any worker sends an agent's
 same server. A turn leaves its home only when the home is ejected or suspect (it just failed)
 or holds more than its share of requests in flight (``affinity.load_bound``: ``load_factor``
 times the mean, at least ``load_floor``); it then takes the agent's next choice in the same
-ranking, and the move is counted (``moves()``: ``load`` / ``failover``).
+ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and told to each
+listener (``add_move_listener``).
 ``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
 
 An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
@@ -26,22 +27,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from agentbatch.backends.affinity import load_bound, rank
 from agentbatch.backends.base import Backend, ServerLoad
 from agentbatch.backends.hedge import Attempt, Hedger
 from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
+from agentbatch.core.options import DEFAULT_POOL_LOAD_FACTOR, PoolRouting
 
 log = logging.getLogger(__name__)
 
 SleepFn = Callable[[float], Awaitable[None]]
-ROUTINGS = ("affinity", "least_outstanding")
+MoveListener = Callable[[str], None]  # called with the reason of each move
+ROUTINGS = get_args(PoolRouting)
+
+
+def check_pool_options(routing: Any, load_factor: Any, backend: Any) -> None:
+    """``pool_routing`` and ``pool_load_factor`` at submit: known values, and only where they
+    can apply (a pool of >= 2 endpoints, hostfiles expanded; the load bound only with
+    affinity). Raises ``BatchSpecError`` naming the option."""
+    from agentbatch.backends.setup import expand_backend_urls
+
+    if not isinstance(routing, str) or routing not in ROUTINGS:
+        raise BatchSpecError(f"pool_routing must be one of {', '.join(map(repr, ROUTINGS))}, "
+                             f"got {routing!r}")
+    if (isinstance(load_factor, bool) or not isinstance(load_factor, int | float)
+            or not math.isfinite(load_factor) or load_factor < 1):
+        raise BatchSpecError(f"pool_load_factor must be a finite number >= 1 (a multiple of "
+                             f"the pool's mean load), got {load_factor!r}")
+    custom_bound = load_factor != DEFAULT_POOL_LOAD_FACTOR
+    if routing == "affinity" and not custom_bound:
+        return
+    urls = expand_backend_urls([backend] if isinstance(backend, str) else list(backend or []))
+    name = "pool_routing" if routing != "affinity" else "pool_load_factor"
+    if len(urls) < 2:
+        raise BatchSpecError(
+            f"{name} cannot apply to backend {urls[0] if urls else backend!r}: it chooses "
+            "among the endpoints of a pool, so it needs a list of >= 2 endpoints "
+            "(backend=[url1, url2, ...])")
+    if routing == "least_outstanding" and custom_bound:
+        raise BatchSpecError(
+            'pool_load_factor cannot apply with pool_routing="least_outstanding": the bound '
+            "is when a turn leaves its agent's home endpoint, and least_outstanding routing "
+            "has no home")
 
 
 def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
@@ -88,7 +122,7 @@ class EndpointPool(Backend):
         probe_interval_s: float = 2.0,
         stall_check_s: float = 5.0,
         routing: str = "affinity",
-        load_factor: float = 1.25,
+        load_factor: float = DEFAULT_POOL_LOAD_FACTOR,
         load_floor: int = 2,
         sleep: SleepFn | None = None,
     ) -> None:
@@ -118,6 +152,7 @@ class EndpointPool(Backend):
         self._sleep: SleepFn = sleep or asyncio.sleep
         self._names = names
         self._moves: Counter[str] = Counter()
+        self._move_listeners: list[MoveListener] = []
         self._turn = 0
         self._closed = False
         self.hedger: Hedger | None = None  # set by ``hedge.enable_hedging``
@@ -172,6 +207,8 @@ class EndpointPool(Backend):
             home_ep = self._eps[home]
             why = "failover" if home_ep.ejected or self._suspect(home_ep) else "load"
             self._moves[why] += 1
+            for listener in self._move_listeners:
+                listener(why)
             if why == "failover":  # rare, and the only record a distributed worker keeps
                 log.info("failover: a turn of agent %s moved off %s to %s (%d failover "
                          "moves in this process)", key, home_ep.name, self._eps[chosen].name,
@@ -186,6 +223,12 @@ class EndpointPool(Backend):
             if not ep.ejected and not self._suspect(ep):
                 return ep.name
         return None
+
+    def add_move_listener(self, listener: MoveListener) -> None:
+        """Call ``listener(reason)`` at each move, in the task that routed the turn (metrics,
+        and a distributed batch's stats: ``pool_moves.py``); added once however often given."""
+        if listener not in self._move_listeners:
+            self._move_listeners.append(listener)
 
     def moves(self) -> dict[str, int]:
         """Turns routed away from their agent's home endpoint, by why: ``load`` (the home was

@@ -1,19 +1,16 @@
 """A pool's moves counted where they happen: Prometheus, and whoever else listens.
 
 ``EndpointPool`` counts a turn routed off its agent's home endpoint (``moves()``: ``load`` /
-``failover``) in a counter of its own, read only when asked (``handle.stats()["pool"]``).
-An operator's metrics, and a distributed batch's stats, need each move as it happens, in the
-task that routed the turn (the distributed engine tells whose turn it is by a context
-variable: ``distributed/workers/hedging.py``). The pool offers no callback, so its counter
-is replaced by one that calls ``on_move(reason, n)`` at each increment; it counts exactly
-as before, so ``moves()`` is unchanged.
+``failover``) and tells each of its move listeners (``add_move_listener``) as it routes the
+turn. An operator's metrics, and a distributed batch's stats, need each move as it happens, in
+the task that routed the turn (the distributed engine tells whose turn it is by a context
+variable: ``distributed/workers/hedging.py``); ``count_moves`` adds those listeners.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from agentbatch.backends.base import Backend, BackendWrapper
 from agentbatch.metrics import pool_moves_enabled, record_pool_move
@@ -21,23 +18,19 @@ from agentbatch.metrics import pool_moves_enabled, record_pool_move
 OnMove = Callable[[str, int], None]  # (reason, n)
 
 
-class _MoveCounter(Counter[str]):
-    """The pool's move counter, calling its listeners on each increment."""
+@dataclass(frozen=True)
+class _EachMove:
+    """``on_move(reason, 1)`` as a pool's move listener; equal for the same ``on_move``, so
+    the pool adds it once however often it is given."""
 
-    def __init__(self, counts: Counter[str], listeners: list[OnMove]) -> None:
-        super().__init__(counts)
-        self.listeners = listeners
+    on_move: OnMove
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        delta = value - self.get(key, 0)
-        super().__setitem__(key, value)
-        if isinstance(delta, int) and delta > 0:
-            for listener in self.listeners:
-                listener(key, delta)
+    def __call__(self, reason: str) -> None:
+        self.on_move(reason, 1)
 
 
-def _record(reason: str, n: int) -> None:
-    record_pool_move(reason, n)
+def _record(reason: str) -> None:
+    record_pool_move(reason, 1)
 
 
 def count_moves(backend: Backend, on_move: OnMove | None = None) -> bool:
@@ -50,10 +43,8 @@ def count_moves(backend: Backend, on_move: OnMove | None = None) -> bool:
         backend = backend.inner
     if not isinstance(backend, EndpointPool):
         return False
-    moves = backend._moves
-    if not isinstance(moves, _MoveCounter):
-        moves = backend._moves = _MoveCounter(moves, [_record])
-        pool_moves_enabled()
-    if on_move is not None and on_move not in moves.listeners:
-        moves.listeners.append(on_move)
+    pool_moves_enabled()  # the counters exist at 0 from now on
+    backend.add_move_listener(_record)
+    if on_move is not None:
+        backend.add_move_listener(_EachMove(on_move))
     return True

@@ -21,6 +21,7 @@ from agentbatch.backends.base import Backend, BackendWrapper
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
 from agentbatch.core.errors import BackendError, BackendUnavailable, BatchSpecError
+from agentbatch.core.options import DEFAULT_POOL_LOAD_FACTOR
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def open_endpoint(
 def open_backend(
     urls: list[str], *, timeout: float | None = None, policy: RetryPolicy | None = None,
     batch_prompting: bool = False, trust_key_env: bool = True,
+    pool_routing: str = "affinity", pool_load_factor: float = DEFAULT_POOL_LOAD_FACTOR,
 ) -> Backend:
     """One retrying backend for the batch's URL (or its pool of URLs / ``@hostfile``).
 
@@ -70,7 +72,8 @@ def open_backend(
     request (``MicroBatchingBackend``), under the retry layer so a prompt whose fallback
     fails is retried in a later batch. Workers pass ``trust_key_env=False``: a plan written by
     someone else may not choose which of the worker's variables is sent as a key
-    (``api_keys``)."""
+    (``api_keys``). ``pool_routing`` and ``pool_load_factor`` (the batch options) set how a
+    pool of several URLs routes each turn (``EndpointPool``)."""
     urls = expand_backend_urls(urls)
     if len(urls) == 1:
         inner = open_endpoint(urls[0], timeout=timeout, trust_key_env=trust_key_env)
@@ -79,7 +82,8 @@ def open_backend(
 
         # Drivers connect lazily, so an error opening a later URL leaves nothing to close.
         inner = EndpointPool(
-            [open_endpoint(u, timeout=timeout, trust_key_env=trust_key_env) for u in urls]
+            [open_endpoint(u, timeout=timeout, trust_key_env=trust_key_env) for u in urls],
+            routing=pool_routing, load_factor=pool_load_factor,
         )
     if batch_prompting:
         from agentbatch.backends.microbatch import MicroBatchingBackend

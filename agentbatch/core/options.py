@@ -31,6 +31,10 @@ ToolCalling = Literal["native", "json", "auto"]
 ToolChoice = Literal["auto", "required"]
 Compaction = Literal["truncate", "summarize"]
 Pricing = Literal["sync", "batch", "auto"]
+PoolRouting = Literal["affinity", "least_outstanding"]
+# A pool's home endpoint takes an agent's turn until it holds more than this many times the
+# mean number of requests in flight (backends/affinity.load_bound).
+DEFAULT_POOL_LOAD_FACTOR = 1.25
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -131,6 +135,21 @@ class BatchOptions:
         "distributed, each worker hedges the turns it runs (its own p95s), counted on the "
         "batch as ``stat:hedges``, ``stat:hedge_wins``... in ``handle.status()`` "
         "(docs/backends.md)."))
+    pool_routing: PoolRouting = field(default="affinity", metadata=_doc(
+        'with a pool of >= 2 endpoints (``backend=[url, url, ...]``), where each model turn '
+        'goes. ``"affinity"``: to its agent\'s home endpoint (rendezvous hashing of the '
+        "agent's key, the same in every process), so the server that holds the agent's "
+        "conversation in its prefix cache serves its next turn; it moves to the agent's next "
+        "choice only when the home is ejected, has just failed, or is past "
+        '``pool_load_factor`` (each move counted). ``"least_outstanding"``: to the endpoint '
+        "with the fewest requests in flight, ties in turn, with no regard to the agent. "
+        '``"least_outstanding"`` on one endpoint is refused (docs/backends.md).'))
+    pool_load_factor: float = field(default=DEFAULT_POOL_LOAD_FACTOR, metadata=_doc(
+        'with ``pool_routing="affinity"`` on a pool: an agent\'s turn leaves its home endpoint '
+        "when the home already holds this times the pool's mean number of requests in "
+        "flight (the turn being routed counted; at least 2). Lower spreads load sooner, "
+        "higher keeps caches warmer. Finite, >= 1; another value than the default is refused "
+        'on one endpoint and with ``"least_outstanding"``.'))
     keep_transcript: bool = field(default=False, metadata=_doc(
         "put each agent's whole conversation (messages, tool calls, tool outputs) on "
         "``AgentResult.messages``; the distributed engine keeps it in Redis for the batch's "
@@ -181,9 +200,15 @@ class BatchOptions:
         '``"auto"``: json when a backend cannot force a native tool call (llama.cpp).'))
     tool_choice: ToolChoice = field(default="auto", metadata=_doc(
         '``"auto"``: the model decides each turn. ``"required"``: an agent must call a tool '
-        "before its final answer (every turn until its first tool results is a tool call). "
+        "before its final answer (every turn until its first tool results is a tool call; "
+        "``required_tool_rounds`` for more rounds). "
         "In json mode the turn's schema allows only tool calls; in native mode a backend "
         "that does not enforce it is refused."))
+    required_tool_rounds: int = field(default=1, metadata=_doc(
+        'with ``tool_choice="required"``: the tool rounds (replies whose tool calls ran) an '
+        "agent must take before it may answer; until then every turn of it, repair turns "
+        "included, must be a tool call. >= 1 and < ``max_turns``; another value than 1 is "
+        'refused with ``tool_choice="auto"``.'))
 
 
 def args_doc() -> str:

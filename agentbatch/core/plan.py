@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agentbatch.core.options import BatchOptions, Compaction, Pricing, ToolChoice
+from agentbatch.core.options import BatchOptions, Compaction, PoolRouting, Pricing, ToolChoice
 
 _DEFAULTS = {f.name: f.default for f in fields(BatchOptions) if f.default is not MISSING}
 
@@ -68,6 +68,9 @@ class BatchPlan(BaseModel):
     max_agent_cost_usd: float | None = _default("max_agent_cost_usd")
     # each worker hedges the turns it runs on the pool (``workers/hedging.py``)
     hedge_after: float | None = _default("hedge_after")
+    # how each process's pool routes a turn (``backends/pool.py``)
+    pool_routing: PoolRouting = _default("pool_routing")
+    pool_load_factor: float = _default("pool_load_factor")
     # "batch"/"auto": the workers send model turns through the provider's batch API
     # (distributed/provider_batches.py), "auto" routing each (turnloop/batch_routing.py)
     pricing: Pricing = _default("pricing")
@@ -77,6 +80,7 @@ class BatchPlan(BaseModel):
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")
+    required_tool_rounds: int = _default("required_tool_rounds")
     keep_transcript: bool = _default("keep_transcript")
     created_at: float = 0.0
     # a stage of a chained pipeline (patterns/pipeline_chain.py): the commit that finishes

@@ -69,6 +69,8 @@ class TurnPolicy:
     max_tool_calls_per_turn: int = DEFAULT_MAX_TOOL_CALLS_PER_TURN
     # tool_choice="required": every turn until the first tool results must call a tool.
     require_tool_call: bool = False
+    # with it, the tool rounds an agent must take before it may answer (required_tool_rounds)
+    required_tool_rounds: int = 1
 
 
 # --- events -------------------------------------------------------------------------------
@@ -142,9 +144,12 @@ def next_action(policy: TurnPolicy, state: AgentState) -> Action | None:
 
 
 def _must_call_tool(policy: TurnPolicy, state: AgentState) -> bool:
-    """``tool_choice="required"`` and no tool results in the conversation yet."""
-    return policy.require_tool_call and not any(
-        m.get("role") == "tool" for m in state.messages)
+    """``tool_choice="required"`` and fewer than ``required_tool_rounds`` tool rounds in the
+    conversation yet (replies whose calls ran: each has its results when a turn is due)."""
+    if not policy.require_tool_call:
+        return False
+    rounds = sum(1 for m in state.messages if m.get("role") == "assistant" and m.get("tool_calls"))
+    return rounds < policy.required_tool_rounds
 
 
 def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:

@@ -68,7 +68,9 @@ class EmbeddedHandle(BatchHandle):
         if self.opts.metrics_port is not None:  # a port in use: refused before any request
             serve_embedded(self.opts.metrics_port)
         backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
-                               batch_prompting=plan.batch_prompting)
+                               batch_prompting=plan.batch_prompting,
+                               pool_routing=plan.pool_routing,
+                               pool_load_factor=plan.pool_load_factor)
         enable_hedging(backend, self.opts.hedge_after)  # validated: a pool of >= 2
         provider = None
         try:  # the checkpoint first: a bad checkpoint_dir is refused before any request

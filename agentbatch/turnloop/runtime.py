@@ -90,4 +90,5 @@ class BatchRuntime:
                           else self.contract.parse),
             max_tool_calls_per_turn=self.plan.max_tool_calls_per_turn,
             require_tool_call=self.plan.tool_choice == "required",
+            required_tool_rounds=self.plan.required_tool_rounds,
         )

@@ -3,6 +3,8 @@
 - ``"auto"`` (default): the model decides on every turn.
 - ``"required"``: until an agent has called a tool, every model turn it takes (repair turns
   included) must be a tool call; after its first tool results the model decides again.
+  ``required_tool_rounds=N`` makes that its first N tool rounds (a task that must read N
+  pages, say, before it answers).
   OpenAI's ``"required"`` forces a call on every request, which would keep an agent from ever
   answering; for a batch task that needs a tool, one forced round per agent is the meaning.
 
@@ -38,6 +40,21 @@ def check_value(value: Any, *, has_tools: bool) -> None:
     if value == "required" and not has_tools:
         raise BatchSpecError("tool_choice='required' cannot apply to a batch without tools; "
                              "add tools or drop tool_choice")
+
+
+def check_required_tool_rounds(rounds: int, tool_choice: str, max_turns: int) -> None:
+    """``required_tool_rounds`` (a checked integer >= 1) needs ``"required"``, and leaves
+    the agent a turn to answer in (``max_turns`` counts the tool rounds' turns too)."""
+    if rounds == 1:
+        return
+    if tool_choice != "required":
+        raise BatchSpecError(
+            f"required_tool_rounds={rounds} cannot apply with tool_choice={tool_choice!r}: "
+            "it counts the rounds tool_choice='required' forces; set tool_choice='required'")
+    if rounds >= max_turns:
+        raise BatchSpecError(
+            f"required_tool_rounds must be < max_turns ({max_turns}), got {rounds}: an agent "
+            "forced to call tools on every turn it may take could never answer")
 
 
 def check_backends(value: str, tool_calling: str, urls: list[str]) -> None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
 from agentbatch.backends.hedge import check_hedge_after
+from agentbatch.backends.pool import check_pool_options
 from agentbatch.backends.urls import BackendTarget
 from agentbatch.core.compaction import check_compaction
 from agentbatch.core.errors import BatchSpecError, ConfigError
@@ -31,6 +32,7 @@ from agentbatch.core.redis_url import check_url
 from agentbatch.metrics.server import check_metrics_port
 from agentbatch.toolpool import Tool
 from agentbatch.turnloop.json_tool_calling import check_mode as check_tool_calling
+from agentbatch.turnloop.tool_choice import check_required_tool_rounds
 from agentbatch.turnloop.tool_choice import check_value as check_tool_choice
 
 
@@ -74,6 +76,7 @@ _NUMBERS = {
     "max_server_waiting": _Range(integer=True, low=0, optional=True),
     "max_tool_calls_per_turn": _Range(integer=True, low=1),
     "max_tool_output_chars": _Range(integer=True, low=1),
+    "required_tool_rounds": _Range(integer=True, low=1),
     "max_context_tokens": _Range(integer=True, low=1, optional=True),
     "timeout_per_turn": _Range(integer=False, low=0, above=True, optional=True),
     "timeout_per_tool": _Range(integer=False, low=0, above=True, optional=True),
@@ -231,6 +234,7 @@ def check_options(opts: BatchOptions) -> None:
     check_schema(opts.output_schema)
     check_tool_calling(opts.tool_calling)
     check_tool_choice(opts.tool_choice, has_tools=bool(opts.tools))
+    check_required_tool_rounds(opts.required_tool_rounds, opts.tool_choice, opts.max_turns)
     check_compaction(opts.compaction, opts.compaction_threshold)
     load_prices(opts.prices, opts.model)  # read and checked here; compile reads it again
     if opts.on_result is not None and not callable(opts.on_result):
@@ -239,6 +243,7 @@ def check_options(opts: BatchOptions) -> None:
     check_metrics_port(opts.metrics_port, opts.redis_url)
     _check_cost(opts)
     check_hedge_after(opts.hedge_after, opts.backend, pricing=opts.pricing)
+    check_pool_options(opts.pool_routing, opts.pool_load_factor, opts.backend)
 
 
 PRICINGS = typing.get_args(Pricing)

@@ -63,10 +63,13 @@ def test_every_plan_option_is_declared_with_the_same_default_and_round_trips():
               "max_context_tokens": 5000, "compaction": "truncate", "compaction_threshold": 0.5,
               "prices": {"m": {"prompt": 1.0, "completion": 2.0, "batch_prompt": 0.5,
                                "batch_completion": 1.0}}, "keep_transcript": True,
-              "max_cost_usd": 2.5, "max_agent_cost_usd": 0.5, "pricing": "batch"}
+              "max_cost_usd": 2.5, "max_agent_cost_usd": 0.5, "pricing": "batch",
+              "required_tool_rounds": 2}
     # hedge_after: refused with pricing="batch" (no sync turn to hedge), round-tripped in
     # test_hedge_after_is_declared_and_carried_by_the_plan
-    assert set(chosen) | {"hedge_after"} == set(carried)
+    # pool_routing / pool_load_factor: need a pool, round-tripped in
+    # tests/unit/test_pool_options.py
+    assert set(chosen) | {"hedge_after", "pool_routing", "pool_load_factor"} == set(carried)
     # json tool calling needs the schema sent: each value differs from its default in one
     # (and batch prompting tool turns needs json mode)
     json_mode = {"native_json_schema": True, "tool_calling": "json", "batch_prompting": True}

@@ -81,9 +81,9 @@ class WorkerContext:
         # pricing="batch": this process's turns gathered into provider batches
         self.provider_batches = ProviderBatches(self.note)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
-        # one per pool of URLs and ``hedge_after``: a hedging pool is not shared with
-        # batches that do not hedge (``hedging.py``)
-        self._backends: dict[tuple[tuple[str, ...], float | None], Backend] = {}
+        # one per pool of URLs, ``hedge_after`` and routing: a hedging pool is not shared
+        # with batches that do not hedge (``hedging.py``), nor one pool by two routings
+        self._backends: dict[tuple[tuple[str, ...], float | None, str, float], Backend] = {}
         self._semaphores: dict[tuple[str, int], RedisSemaphore] = {}
         self._gates: dict[tuple[tuple[str, ...], int], BackpressureGate] = {}
         self._unreadable_logged: dict[str, float] = {}  # batch id -> when last logged
@@ -198,12 +198,14 @@ class WorkerContext:
                            error_kind=kind)
 
     def _backend(self, plan: BatchPlan) -> Backend:
-        key = (tuple(plan.backends), plan.hedge_after)
+        key = (tuple(plan.backends), plan.hedge_after, plan.pool_routing, plan.pool_load_factor)
         backend = self._backends.get(key)
         if backend is None:
             # trust_key_env=False: the plan may not pick which of our variables is a key.
             backend = open_backend(plan.backends, timeout=plan.timeout_per_turn,
-                                   batch_prompting=plan.batch_prompting, trust_key_env=False)
+                                   batch_prompting=plan.batch_prompting, trust_key_env=False,
+                                   pool_routing=plan.pool_routing,
+                                   pool_load_factor=plan.pool_load_factor)
             if plan.hedge_after is not None:  # as the embedded handle does, once it is open
                 enable_batch_hedging(backend, plan.hedge_after, self.batch_stats.add)
             if count_batch_moves(backend, self.batch_stats.add):
