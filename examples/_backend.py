@@ -26,8 +26,9 @@ def sim_hint(line: str) -> str:
 
 
 @contextmanager
-def backend_pool(simulators: int = 1) -> Iterator[list[str]]:
-    """The endpoint URLs to use: yours, or ``simulators`` simulator processes started here."""
+def backend_pool(simulators: int = 1, **sim: float) -> Iterator[list[str]]:
+    """The endpoint URLs to use: yours, or ``simulators`` simulator processes started here
+    (``sim``: more of their ``SimConfig``, e.g. ``batch_latency_s``)."""
     given = os.environ.get(BACKEND_ENV)
     if given:
         yield [u.strip() for u in given.split(",") if u.strip()]
@@ -36,13 +37,13 @@ def backend_pool(simulators: int = 1) -> Iterator[list[str]]:
     from agentbatch.sim.process import SimProcess
 
     with ExitStack() as stack:
-        sims = [stack.enter_context(SimProcess(SimConfig(fixed_ms=20)))
+        sims = [stack.enter_context(SimProcess(SimConfig(fixed_ms=20, **sim)))
                 for _ in range(simulators)]
         yield ["sim://" + s.url.split("://", 1)[1] for s in sims]
 
 
 @contextmanager
-def backend_url() -> Iterator[str]:
+def backend_url(**sim: float) -> Iterator[str]:
     """One endpoint URL (the first of ``backend_pool``)."""
-    with backend_pool(1) as urls:
+    with backend_pool(1, **sim) as urls:
         yield urls[0]

@@ -24,6 +24,7 @@ EXPECTED = {
     "map_reduce": "survey: title=",
     "distributed": "'done': 20, 'total': 20",
     "checkpoint_resume": "after resume: 6/6 ok",
+    "cost_auto": "6/6 ok, spent $",
 }
 ELSEWHERE = {"real_engine"}  # tests/engine/test_engine_example.py
 
