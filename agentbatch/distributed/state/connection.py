@@ -36,6 +36,7 @@ import redis.asyncio.sentinel as aiosentinel
 import redis.retry
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
+from redis.driver_info import DriverInfo
 
 from agentbatch.core.errors import ConfigError
 from agentbatch.core.redis_url import (
@@ -56,6 +57,9 @@ _CLIENT_OPTS = {
     "socket_connect_timeout": 5,
     "health_check_interval": 15,
     "retry_on_timeout": True,
+    # what each new connection reports (CLIENT SETINFO); without it, redis-py 8.1 reads its
+    # version from the package metadata for every connection, ~2.6 ms each (the email parser)
+    "driver_info": DriverInfo(lib_version=redis.__version__),
 }
 _TCP_ONLY_OPTS = ("socket_keepalive", "socket_keepalive_options")
 

@@ -81,6 +81,9 @@ class WorkerContext:
         # pricing="batch": this process's turns gathered into provider batches
         self.provider_batches = ProviderBatches(self.note)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
+        # a batch being loaded: the task threads' first turns of a batch all arrive at once
+        # (16 per worker), and each loaded the plan, tools and backend on its own connection
+        self._loading: dict[str, asyncio.Future[LoadedBatch | ValidationError | None]] = {}
         # one per pool of URLs, ``hedge_after`` and routing: a hedging pool is not shared
         # with batches that do not hedge (``hedging.py``), nor one pool by two routings
         self._backends: dict[tuple[tuple[str, ...], float | None, str, float], Backend] = {}
@@ -93,17 +96,36 @@ class WorkerContext:
 
     async def batch(self, batch_id: str) -> LoadedBatch | None:
         """The loaded batch, or None when Redis has no such batch (finished long ago or lost)
-        or this worker cannot read its plan (``_unreadable``)."""
+        or this worker cannot read its plan (``_unreadable``). Loaded once: the tasks that
+        ask while it loads wait for that load."""
         loaded = self._batches.get(batch_id)
         if loaded is not None:
             self._batches.move_to_end(batch_id)
             return loaded
+        pending = self._loading.get(batch_id)
+        if pending is None:
+            pending = self._loading[batch_id] = asyncio.ensure_future(self._fetch(batch_id))
+            pending.add_done_callback(lambda done: self._loaded(batch_id, done))
+        found = await asyncio.shield(pending)  # one waiter cancelled does not stop the load
+        if isinstance(found, ValidationError):  # written by another version, or tampered with
+            await self._unreadable(batch_id, found)
+            return None
+        return found
+
+    def _loaded(self, batch_id: str,
+                done: asyncio.Future[LoadedBatch | ValidationError | None]) -> None:
+        if self._loading.get(batch_id) is done:
+            del self._loading[batch_id]
+        if not done.cancelled():
+            done.exception()  # retrieved: each waiter raises it (or none is left to)
+
+    async def _fetch(self, batch_id: str) -> LoadedBatch | ValidationError | None:
+        """Load the batch and remember it; its plan's parse error is returned, not raised."""
         store = self.store(batch_id)
         try:
             plan = await store.load_plan()
-        except ValidationError as exc:  # written by another version, or tampered with
-            await self._unreadable(batch_id, exc)
-            return None
+        except ValidationError as exc:
+            return exc
         if plan is None:
             return None
         loaded = self._load(plan, store)
