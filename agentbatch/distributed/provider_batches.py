@@ -4,17 +4,29 @@ provider's batch API, provider batches per (backend, model) for the turns ready 
 
 Routing and hedging (``route``, ``complete``'s ``hedge``) are ``turnloop.batch_routing``'s, as
 on the embedded engine, with one ``Router`` per batch in each worker process: each worker
-routes on the batch and sync latencies it observed itself (its first routed turn is its
-probe), like ``hedge_after``'s per-worker p95s. The deadline is the plan's ``deadline_at``,
-in Redis's clock (``now_ms``). An agent's turns left come from its state and the mean turns
-of the agents this worker saw finish; the batch's live count from its meta (``total -
-delivered``), read at most once a second per batch. A turn routed to the sync API is counted
-on the batch (``stat:routed_sync_probe|tail|deadline``), a turn routed to the batch API in
+routes on the sync latencies it observed itself (its first routed turn is its probe), like
+``hedge_after``'s per-worker p95s, and on the provider batch latencies of the whole fleet: a
+provider batch that ends adds its latency to the batch's ``latency_key`` list, and a worker
+building its router for the batch starts from that list (``router_for``), so one that joins
+mid-batch does not route blind. The deadline is the plan's ``deadline_at``, in Redis's clock
+(``now_ms``). An agent's turns left come from its state and the mean turns of the agents this
+worker saw finish; the batch's live count from its meta (``total - delivered``), read at most
+once a second per batch. A turn routed to the sync API is counted on the batch
+(``stat:routed_sync_probe|tail|deadline``), a turn routed to the batch API in
 ``stat:provider_batch_items`` (not per turn: that would be a Redis write per turn). A turn
-waiting past the router's hedge time races the sync API (``stat:batch_hedged``); the first
+waiting past the router's hedge time races the sync API (``stat:batch_hedged``), unless the
+sync path is at the router's hedge cap (``stat:hedge_capped``: it keeps waiting); the first
 answer is returned, so the turn commits once (``stat:hedge_won_by_sync`` /
 ``hedge_won_by_batch``); a provider batch whose turns were all answered by the sync API is
 cancelled.
+
+Routing and hedge counts go through the worker's background counters (``BatchStats``: one
+transaction per flush, not a round trip per event); those that must be on the batch before
+what follows them are flushed at once, shared by the callers of one pass of the loop: a
+hedge's ``batch_hedged`` before its request, its outcome before the turn commits, a cancel
+before the provider sees it. The submission counts (``stat:provider_batches``,
+``stat:provider_batch_items``) and the re-send counts (``stat:provider_batch_adopted``,
+``stat:provider_batch_resubmitted``) are written at once (the accounting reads them).
 
 A turn's ``custom_id`` names its agent version (``custom_id``), so a result can only ever
 answer the turn it was asked for; it commits through the same versioned compare-and-set as a
@@ -400,6 +412,9 @@ class ProviderBatches:
         """Race the waiting turn against the sync API; the first answer is returned (so the
         turn commits once), the loser cancelled (sync) or forgotten (its ``custom_id``)."""
         self._stats(store).add(plan.batch_id, "batch_hedged")
+        # on the batch before the request is sent: a worker killed mid-hedge leaves it
+        # counted (``batch_hedged`` minus the ``hedge_won_*`` bounds what was not reported)
+        await self._stats(store).settle()
         sync = asyncio.ensure_future(hedge())
         try:
             while True:

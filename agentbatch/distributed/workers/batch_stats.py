@@ -42,6 +42,7 @@ class BatchStats:
         self._pending: dict[str, Counter[str]] = {}
         self._task: asyncio.Task[None] | None = None
         self._gathering: asyncio.Task[None] | None = None  # a settle not yet flushing
+        self._writing: set[asyncio.Future[None]] = set()  # flushes under way, until they end
 
     def add(self, batch_id: str, field: str, n: int = 1) -> None:
         """Count ``n`` on ``stat:<field>`` of the batch, in the next flush (on the running
@@ -68,7 +69,10 @@ class BatchStats:
         await asyncio.sleep(0)  # the others counting in this pass of the loop join
         if self._gathering is asyncio.current_task():
             self._gathering = None  # counts added from now wait for the next settle
+        earlier = list(self._writing)  # counts taken by a flush still under way: waited on
         await self.flush()
+        if earlier:
+            await asyncio.wait(earlier)
 
     def pending(self) -> dict[str, dict[str, int]]:
         """What waits for the next flush (for tests and debugging)."""
@@ -84,6 +88,8 @@ class BatchStats:
         batch, self._pending = self._pending, {}
         if not batch:
             return
+        writing = asyncio.get_running_loop().create_future()
+        self._writing.add(writing)
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 for batch_id, counts in batch.items():
@@ -96,3 +102,6 @@ class BatchStats:
             log.debug("could not write batch stats; kept for the next flush", exc_info=True)
             for batch_id, counts in batch.items():
                 self._pending.setdefault(batch_id, Counter()).update(counts)
+        finally:
+            self._writing.discard(writing)
+            writing.set_result(None)
