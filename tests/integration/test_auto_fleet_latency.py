@@ -125,3 +125,34 @@ def test_the_shared_latencies_are_capped_and_expire_with_the_batch(redis_url: st
     length, ttl = asyncio.run(scenario())
     assert length == SHARED_LATENCIES
     assert ttl > 0
+
+
+@pytest.mark.slow
+def test_real_workers_share_the_latencies_of_the_provider_batches_that_ended(
+        redis_url: str, start_workers: Any) -> None:
+    import redis as sync_redis
+
+    from agentbatch import submit_batch
+    from agentbatch.distributed.state.keys import BatchKeys
+    from tests.support.provider_batch import MODEL, PRICES, batch_sim, jobs, sim_url
+    from tests.support.tools import Answer, lookup
+
+    for sim in batch_sim(0.5):
+        start_workers(1, concurrency=8)
+        handle = submit_batch('Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}',
+                              [{"i": i} for i in range(4)], model=MODEL, backend=sim_url(sim),
+                              tools=[lookup], output_schema=Answer, prices=PRICES,
+                              warm_prefix=False, max_turns=3, redis_url=redis_url,
+                              pricing="batch")
+        results = handle.wait(timeout=180)
+        assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+        client = sync_redis.from_url(redis_url, decode_responses=True)
+        key = f"{BatchKeys(handle.batch_id).provider_batches}:latency"
+        shared = client.lrange(key, 0, -1)
+        client.close()
+        # one entry per provider batch the worker saw end, "<seconds>:<turns>" (one a hedge
+        # answered in full before its poll saw it end is cancelled, not measured)
+        assert 1 <= len(shared) <= len(jobs(sim)), shared
+        sizes = {len(job.items) for job in jobs(sim)}
+        assert {int(entry.split(":")[1]) for entry in shared} <= sizes, shared
+        assert all(float(entry.split(":")[0]) >= 0.5 for entry in shared), shared
