@@ -79,7 +79,7 @@ class WorkerContext:
         self.batch_stats = BatchStats(self.redis, self.scripts)
         self._pools: set[tuple[str, ...]] = set()  # backends' URLs that open a pool
         # pricing="batch": this process's turns gathered into provider batches
-        self.provider_batches = ProviderBatches(self.note)
+        self.provider_batches = ProviderBatches(self.note, self.batch_stats)
         self._batches: OrderedDict[str, LoadedBatch] = OrderedDict()
         # a batch being loaded: the task threads' first turns of a batch all arrive at once
         # (16 per worker), and each loaded the plan, tools and backend on its own connection
