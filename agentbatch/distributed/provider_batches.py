@@ -94,6 +94,7 @@ from agentbatch.turnloop.batch_turns import (
     POLL_SHARE,
     below_min,
     split_chunks,
+    with_sync_loser,
 )
 
 log = logging.getLogger(__name__)
@@ -424,7 +425,10 @@ class ProviderBatches:
                 if future.done() and future.result().ok:
                     self._stats(store).add(plan.batch_id, "hedge_won_by_batch")
                     await self._stats(store).settle()  # on the batch before the turn commits
-                    return future.result(), True
+                    item = future.result()
+                    if item.response is not None:  # what the cancelled sync request cost
+                        item = ItemResult(cid, response=with_sync_loser(item.response, sync))
+                    return item, True
                 if sync.done() and not future.done() and sync.exception() is not None:
                     log.warning("turn %s: its hedge to the sync API failed (%s); waiting on "
                                 "the provider batch", cid, sync.exception())

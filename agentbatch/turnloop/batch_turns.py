@@ -44,7 +44,8 @@ from agentbatch.core.errors import (
     RateLimited,
     ServerError,
 )
-from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.core.model_io import ModelRequest, ModelResponse, Usage
+from agentbatch.metrics import record_hedge_loser_tokens
 from agentbatch.turnloop.batch_routing import (
     SAFETY_S,
     WINDOW_S,
@@ -96,6 +97,21 @@ def split_chunks(ready: list[T], client: object) -> tuple[list[list[T]], list[T]
         chunks[-2] += chunks.pop()
     short = chunks.pop() if chunks and len(chunks[-1]) < least else []
     return chunks, short
+
+
+def with_sync_loser(reply: ModelResponse, sync: asyncio.Future[Any]) -> ModelResponse:
+    """The provider batch's ``reply`` to a hedged turn, carrying what its losing request to
+    the sync API was paid (``ModelResponse.hedge_usage``, priced into ``cost_usd`` and the
+    spend at the sync prices), as ``backends/hedge.py`` does for a pool's hedge: exact when
+    the sync request answered too, else its prompt (the batch reply's: the same request),
+    since it was sent and is being cancelled; nothing when it failed (an error is not
+    billed). Both engines' hedges return this when the batch wins."""
+    if sync.done() and (sync.cancelled() or sync.exception() is not None):
+        return reply
+    lost = (sync.result().usage if sync.done()
+            else Usage(prompt_tokens=reply.usage.prompt_tokens))
+    record_hedge_loser_tokens(lost.prompt_tokens, lost.completion_tokens)
+    return reply.model_copy(update={"hedge_usage": (reply.hedge_usage or Usage()) + lost})
 
 
 def below_min(cid: str, ready: int, client: object) -> ItemResult:
@@ -218,7 +234,8 @@ class ProviderBatchTurns:
             await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
             if future.done() and future.result().ok:
                 self.stats["hedge_won_by_batch"] += 1
-                return await self._settle(cid, request, future.result())
+                reply, by_batch = await self._settle(cid, request, future.result())
+                return with_sync_loser(reply, sync), by_batch
             self._forget(cid)  # the batch's answer, if it comes, is dropped
             response = await sync
             self.stats["hedge_won_by_sync"] += 1
