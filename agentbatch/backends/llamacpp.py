@@ -7,8 +7,10 @@ as a whitespace-free GBNF ``grammar`` with the reply's forced start prefilled
 runaway reply (a streamed request says ``Connection: close``: the server drops it anyway),
 keeps the embedded engine's turns in flight to ``total_slots`` (``inflight_hint``), and at
 warm-up checks that the server's prompt cache works (``probe_cache``: a warning names the flags
-that defeat it) and whether pinning turns to slots keeps the prefix, in which case each turn
-goes with ``id_slot`` = a slot none of this process's turns is using (``SlotPicker``).
+that defeat it) and whether pinning turns to slots keeps the prefix, in which case a turn goes
+with ``id_slot`` to its agent's slot while that slot still holds its conversation, and without
+(the server then restores the conversation from its host-memory cache) once another agent's
+turn took the slot (``SlotPicker``).
 ``tool_choice="required"`` is not enforced here. Why each default, with the measurements:
 docs/engine-llamacpp.md.
 """
@@ -21,11 +23,11 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentbatch.backends.base import BackendCapabilities
 from agentbatch.backends.batch_prompting import ServerTemplate, text_conversations
@@ -111,11 +113,27 @@ class CacheProbe:
                 and self.pinned_cached >= CACHED_SHARE * self.prompt_tokens)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one turn goes: ``send``, the ``id_slot`` sent (None: the server picks), and
+    ``slot``, the slot this process counts it on while it runs (the one sent, or the one the
+    server is expected to pick: its idle slot used longest ago)."""
+
+    send: int | None
+    slot: int | None
+
+
 class SlotPicker:
-    """Which slot a turn is pinned to: the agent's last slot when no turn of this process is
-    on it, else the free slot this process used longest ago; None when every slot is taken
-    (the server then chooses). A turn never waits for a slot one of our own turns holds,
-    which is what made pinning by agent index lose (docs/engine-llamacpp.md)."""
+    """Which slot a turn is pinned to, from what this process knows each slot holds
+    (``holds``: the agent whose conversation a slot's cache has, learned from where each turn
+    ran). A turn is pinned to its agent's slot when that slot still holds its conversation
+    and no turn of ours is on it; an agent's first turn to a free slot that holds no agent's
+    conversation. Every other turn goes without ``id_slot``: llama.cpp restores from its
+    host-memory prompt cache only into a slot it picks itself, after saving what that slot
+    held there, while a pinned turn takes the slot as it is and discards whatever
+    conversation it held, unsaved (``server-context.cpp`` ``get_available_slot`` with
+    ``--slot-prompt-similarity 0``; measured in docs/engine-llamacpp.md). A turn never waits
+    for a slot one of our own turns holds, which is what made pinning by agent index lose."""
 
     MAX_AGENTS = 65_536
 
@@ -124,29 +142,97 @@ class SlotPicker:
         self.busy = [0] * slots
         self.last_used = [0.0] * slots
         self.homes: OrderedDict[str, int] = OrderedDict()
+        self.holds: list[str | None] = [None] * slots
 
-    def acquire(self, agent_key: str) -> int | None:
+    def acquire(self, agent_key: str) -> Placement:
         home = self.homes.get(agent_key)
-        if home is not None and self.busy[home] == 0:
-            slot: int | None = home
-        else:
-            free = [s for s in range(self.slots) if self.busy[s] == 0]
-            slot = min(free, key=lambda s: (self.last_used[s], s)) if free else None
-        if slot is None:
-            return None
-        self.busy[slot] += 1
-        self.last_used[slot] = time.monotonic()
+        free = [s for s in range(self.slots) if self.busy[s] == 0]
+        blank = [s for s in free if self.holds[s] is None]
+        if home is not None and self.busy[home] == 0 and self.holds[home] == agent_key:
+            place = Placement(home, home)  # its conversation is there
+        elif home is None and blank:
+            slot = self._oldest(blank)  # a first turn: nobody's conversation is lost
+            place = Placement(slot, slot)
+        else:  # the server picks, saves what it held, restores this agent's conversation
+            place = Placement(None, self._oldest(free) if free else None)
+        if place.slot is not None:
+            self.busy[place.slot] += 1
+            self.last_used[place.slot] = time.monotonic()
+        return place
+
+    def _oldest(self, slots: list[int]) -> int:
+        return min(slots, key=lambda s: (self.last_used[s], s))
+
+    def release(self, place: Placement, agent_key: str = "", landed: int | None = None
+                ) -> None:
+        """The turn ended; it ran on ``landed`` (what the server said), else on the slot sent
+        or expected. That slot now holds this agent's conversation."""
+        if place.slot is not None:
+            self.busy[place.slot] = max(0, self.busy[place.slot] - 1)
+        ran = place.send if place.send is not None else landed
+        if ran is None:
+            ran = place.slot
+        if ran is None or not 0 <= ran < self.slots:
+            return
+        self.last_used[ran] = time.monotonic()
+        self.holds[ran] = agent_key or None
         if agent_key:
-            self.homes[agent_key] = slot
+            self.homes[agent_key] = ran
             self.homes.move_to_end(agent_key)
             if len(self.homes) > self.MAX_AGENTS:
                 self.homes.popitem(last=False)
-        return slot
 
-    def release(self, slot: int | None) -> None:
-        if slot is not None:
-            self.busy[slot] = max(0, self.busy[slot] - 1)
-            self.last_used[slot] = time.monotonic()
+
+class _Landed:
+    """Where an unpinned turn ran: llama-server's ``id_slot``, from its reply's ``__verbose``
+    (asked for with ``verbose`` and ``response_fields``)."""
+
+    def __init__(self) -> None:
+        self.slot: int | None = None
+
+    def hear(self, chunk: Any) -> None:
+        verbose = chunk.get("__verbose") if isinstance(chunk, dict) else None
+        slot = verbose.get("id_slot") if isinstance(verbose, dict) else None
+        if isinstance(slot, int) and not isinstance(slot, bool):
+            self.slot = slot
+
+
+_LANDED: ContextVar[_Landed | None] = ContextVar("agentbatch_llamacpp_landed", default=None)
+
+
+class _SlotEchoSession:
+    """The backend's HTTP session, passing on what llama-server says about where a turn ran
+    (``_Landed``) while the base class reads the reply as usual."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                        timeout: float, **kwargs: Any) -> Any:
+        reply = await self._inner.post_json(path, body, headers, timeout, **kwargs)
+        landed = _LANDED.get()
+        if landed is not None:
+            landed.hear(reply)
+        return reply
+
+    @asynccontextmanager
+    async def post_lines(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                         timeout: float) -> AsyncIterator[AsyncIterator[str]]:
+        async with self._inner.post_lines(path, body, headers, timeout) as lines:
+            landed = _LANDED.get()
+            yield lines if landed is None else _listening(lines, landed)
+
+
+async def _listening(lines: AsyncIterator[str], landed: _Landed) -> AsyncIterator[str]:
+    """``lines`` unchanged; the one SSE event carrying ``__verbose`` is read on the way."""
+    async for line in lines:
+        if "__verbose" in line and line.startswith("data:"):
+            with suppress(ValueError, RecursionError):
+                landed.hear(json.loads(line[5:]))
+        yield line
 
 
 _PINNED: ContextVar[int | None] = ContextVar("agentbatch_llamacpp_pinned", default=None)
@@ -184,6 +270,8 @@ class LlamaCppBackend(OpenAICompatBackend):
         self._props: dict[str, Any] | None = None
         self._props_task: asyncio.Task[dict[str, Any]] | None = None
         self._no_slots = False  # /props unreadable: requests go without id_slot
+        # where unpinned turns ran; every other call goes to the session unchanged
+        self._session = cast(Any, _SlotEchoSession(self._session))
         self.template = ServerTemplate(self._apply_template)
 
     # -- identity ---------------------------------------------------------------------------
@@ -398,20 +486,26 @@ class LlamaCppBackend(OpenAICompatBackend):
             extra["id_slot"] = slot_for(request.agent_key, slots)
         elif _PINNED.get() is not None:
             extra["id_slot"] = _PINNED.get()
+        elif _LANDED.get() is not None:  # the reply says which slot the server picked
+            extra.update(verbose=True, response_fields=["id_slot"])
         return extra
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         if self.slot_affinity and self._props is None and not self._no_slots:
             await self._learn_slots()
         picker = self._picker
-        slot = picker.acquire(request.agent_key) if picker is not None else None
-        token = _PINNED.set(slot)
+        place = picker.acquire(request.agent_key) if picker is not None else None
+        landed = _Landed() if place is not None and place.send is None else None
+        token = _PINNED.set(place.send if place is not None else None)
+        heard = _LANDED.set(landed)
         try:
             response = await super().complete(request)
         finally:
+            _LANDED.reset(heard)
             _PINNED.reset(token)
-            if picker is not None:
-                picker.release(slot)
+            if picker is not None and place is not None:
+                picker.release(place, request.agent_key,
+                               landed.slot if landed is not None else None)
         split = self._prefill(request)
         if split is not None and response.text is not None \
                 and not response.text.startswith(split[0]):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agentbatch import arun_batch
-from agentbatch.backends.llamacpp import CacheProbe, LlamaCppBackend, SlotPicker
+from agentbatch.backends.llamacpp import CacheProbe, LlamaCppBackend, Placement, SlotPicker
 from agentbatch.core.model_io import ModelRequest
 from agentbatch.engine import EnginePaths, LlamaServer
 from agentbatch.engine.server import cache_defeating_flags
@@ -155,16 +155,23 @@ def test_without_a_probe_turns_go_unpinned(llama_server: LlamaServer) -> None:
 # -- the pieces, without a server -------------------------------------------------------------
 
 
-def test_slot_picker_prefers_the_agents_slot_then_the_free_one_used_longest_ago() -> None:
-    picker = SlotPicker(3)
+def test_slot_picker_pins_only_where_the_agents_conversation_is() -> None:
+    """First turns go to free slots no agent's conversation is in; a later turn to its agent's
+    slot while that slot still holds its conversation; else unpinned (the server restores the
+    conversation from host memory), counted on the server's likely pick while it runs."""
+    picker = SlotPicker(2)
     a, b = picker.acquire("b:0"), picker.acquire("b:1")
-    assert (a, b) == (0, 1)
-    picker.release(a)
-    assert picker.acquire("b:0") == 0  # its own slot, free again
-    assert picker.acquire("b:2") == 2  # never used
-    assert picker.acquire("b:3") is None  # every slot taken: the server chooses
-    picker.release(b)
-    assert picker.acquire("b:0") == 1  # its slot is busy: the free one
+    assert (a.send, b.send) == (0, 1)
+    picker.release(a, "b:0")
+    assert picker.acquire("b:2") == Placement(None, 0)  # slot 0 holds b:0's conversation
+    picker.release(Placement(None, 0), "b:2", landed=0)  # the server said: slot 0
+    picker.release(b, "b:1")
+    assert picker.acquire("b:1") == Placement(1, 1)  # its conversation is still in slot 1
+    picker.release(Placement(1, 1), "b:1")
+    assert picker.holds == ["b:2", "b:1"]
+    assert picker.acquire("b:0") == Placement(None, 0)  # b:2 took its slot
+    assert picker.acquire("b:2") == Placement(None, 1)  # b:0 is expected on slot 0
+    assert picker.acquire("b:3") == Placement(None, None)  # every slot taken
 
 
 def test_cache_defeating_flags_are_named_from_the_command_line() -> None:
