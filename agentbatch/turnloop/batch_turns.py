@@ -181,12 +181,13 @@ class ProviderBatchTurns:
         """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
         return self.router.route(turns_left, live)
 
-    def _hedge_at(self, submitted: float, turns_left: float,
+    def _hedge_at(self, cid: str, submitted: float, turns_left: float,
                   size: int | None) -> float | None:
         """When a waiting batch turn should race the sync API (``Router.hedge_at``; the
-        other batch turns waiting would hedge with it)."""
+        other batch turns waiting would hedge with it). ``cid`` names the turn, so a turn the
+        hedge cap holds back is counted once (``hedge_capped``), not once per batch."""
         return self.router.hedge_at(submitted, turns_left, size,
-                                    waiting=len(self._futures) - 1)
+                                    waiting=len(self._futures) - 1, turn=cid)
 
     # --- the two paths ---------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ class ProviderBatchTurns:
         try:
             while not future.done():
                 opened = self._owner.get(cid)  # p90s run from a batch's submit, not the window
-                at = self._hedge_at(submitted if opened is None else opened.submitted,
+                at = self._hedge_at(cid, submitted if opened is None else opened.submitted,
                                     turns_left, None if opened is None else opened.size)
                 now = time.monotonic()
                 if at is not None and now >= at:

@@ -54,7 +54,7 @@ def test_waiting_batch_turns_hedge_early_enough_for_the_sync_path_to_take_them_a
                     await asyncio.sleep(0.05)
                 assert len(turns._futures) == N
                 assert turns.deadline is not None
-                room = turns.deadline - SAFETY_S - (turns._hedge_at(time.monotonic(), 1, None)
+                room = turns.deadline - SAFETY_S - (turns._hedge_at("t", time.monotonic(), 1, None)
                                                     or 0.0)
                 median = turns.sync_latency.quantile(0.5)
                 p90 = turns.sync_latency.quantile(0.9)
