@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agentbatch.backends.llamacpp import LlamaCppBackend
+from agentbatch.backends.llamacpp import LlamaCppBackend, SlotPicker
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.engine import EnginePaths, LlamaServer
 from tests.engine.test_llamacpp_warmup import MODEL, SYSTEM
@@ -104,3 +104,33 @@ def test_a_turn_whose_slot_another_agent_took_is_restored_from_host_memory(
         computed = two.usage.prompt_tokens - two.usage.cached_tokens
         assert two.usage.cached_tokens >= one.usage.prompt_tokens - 8, (one.usage, two.usage)
         assert computed <= two.usage.prompt_tokens - one.usage.prompt_tokens + 8, two.usage
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_unpinned_turn_is_recorded_on_the_slot_the_server_says_it_ran_on(
+        engine_paths: EnginePaths, stream: bool) -> None:
+    """The picker's guess of the server's pick is only a guess: where an unpinned turn ran is
+    read from the reply (``__verbose.id_slot``), streamed or not. Here the guess is made wrong
+    on purpose, and the slot recorded is the one ``/slots`` shows the turn ran on."""
+    server = LlamaServer(engine_paths, parallel=2).start()
+
+    async def run() -> dict[str, int]:
+        backend = LlamaCppBackend(server.llamacpp_url + ("" if stream else "?stream=0"))
+        try:
+            await backend.props()
+            picker = backend._picker = SlotPicker(2)
+            picker.holds = ["x", "y"]  # both hold another agent's conversation: unpinned
+            picker.last_used = [0.0, 5e9]  # so the guess is slot 0
+            await backend.complete(ModelRequest(
+                model=MODEL, max_tokens=2, agent_key="t:0",
+                messages=[{"role": "user", "content": "hi"}]))
+            return dict(picker.homes)
+        finally:
+            await backend.aclose()
+
+    try:
+        homes = asyncio.run(run())
+        ran = [s["id"] for s in server.get_json("/slots") if "id_task" in s]
+    finally:
+        server.stop()
+    assert len(ran) == 1 and homes == {"t:0": ran[0]}, (homes, ran)
