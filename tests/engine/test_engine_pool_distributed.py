@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -23,12 +22,12 @@ from typing import Any, get_args
 import pytest
 
 from agentbatch import submit_batch
-from agentbatch.backends.pool import EndpointPool
-from agentbatch.backends.registry import backend_from_url
 from agentbatch.core.results import ErrorKind
 from agentbatch.engine import EnginePaths, LlamaServer
-from agentbatch.engine.server import free_port
 from tests.engine.pool_gate import GATE_ENV, Note, hold_gate
+from tests.support.engine_pool import pick_batch as support_pick_batch
+from tests.support.engine_pool import server_pair
+from tests.support.engine_pool import wait_until as support_wait_until
 from tests.support.scratch import scratch_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -39,38 +38,17 @@ ERROR_KINDS = set(get_args(ErrorKind))
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.2)
+    support_wait_until(predicate, what, timeout, poll_s=0.2)
 
 
 def pick_batch(urls: list[str], b_url: str) -> tuple[str, list[int], list[int]]:
-    """A batch id whose agents (keys ``{batch_id}:{index}``, as every engine keys them) have
-    at least two homes on B and one elsewhere (homes depend on the servers' random ports)."""
-    pool = EndpointPool([backend_from_url(u) for u in urls])
-    for k in range(1000):
-        batch_id = f"enginepooldist{k}"
-        homes = [pool.endpoint_for(f"{batch_id}:{i}") for i in range(AGENTS)]
-        on_b = [i for i, h in enumerate(homes) if h == b_url]
-        on_a = [i for i in range(AGENTS) if i not in on_b]
-        if len(on_b) >= 2 and on_a:
-            return batch_id, on_a, on_b
-    raise AssertionError("no batch id homes agents on both servers")
+    return support_pick_batch(urls, b_url, AGENTS, "enginepooldist")
 
 
 @pytest.fixture
 def servers(engine_paths: EnginePaths) -> Iterator[list[LlamaServer]]:
-    pair = [LlamaServer(engine_paths, port=free_port(), parallel=2, threads=1)
-            for _ in range(2)]
-    try:
-        for s in pair:
-            s.start()
+    with server_pair(engine_paths) as pair:
         yield pair
-    finally:
-        for s in pair:
-            s.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,55 @@
+"""Two real llama-servers for the pool fault tests (embedded and distributed), and the batch
+id that homes their agents on both: the setup ``test_engine_pool.py`` and
+``test_engine_pool_distributed.py`` share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from agentbatch.backends.pool import EndpointPool
+from agentbatch.backends.registry import backend_from_url
+from agentbatch.engine import EnginePaths, LlamaServer
+from agentbatch.engine.server import free_port
+
+
+@contextmanager
+def server_pair(engine_paths: EnginePaths) -> Iterator[list[LlamaServer]]:
+    """Two started servers (2 slots, ``-t 1`` each) on free ports; stopped on exit."""
+    pair = [LlamaServer(engine_paths, port=free_port(), parallel=2, threads=1)
+            for _ in range(2)]
+    try:
+        for s in pair:
+            s.start()
+        yield pair
+    finally:
+        for s in pair:
+            s.stop()
+
+
+def pick_batch(urls: list[str], b_url: str, agents: int, prefix: str
+               ) -> tuple[str, list[int], list[int]]:
+    """A batch id whose agents (keys ``{batch_id}:{index}``, as every engine keys them) have
+    at least two homes on B and one elsewhere: homes depend on the servers' random ports, so
+    the test chooses the id."""
+    pool = EndpointPool([backend_from_url(u) for u in urls])
+    b_port = b_url.rsplit(":", 1)[1]
+    for k in range(1000):
+        batch_id = f"{prefix}{k}"
+        homes = [pool.endpoint_for(f"{batch_id}:{i}") or "" for i in range(agents)]
+        on_b = [i for i, h in enumerate(homes) if h.endswith(f":{b_port}")]
+        on_a = [i for i in range(agents) if i not in on_b]
+        if len(on_b) >= 2 and on_a:
+            return batch_id, on_a, on_b
+    raise AssertionError("no batch id homes agents on both servers")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float,
+               poll_s: float = 0.2) -> None:
+    """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(poll_s)
