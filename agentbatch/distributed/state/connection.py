@@ -49,6 +49,7 @@ from agentbatch.core.redis_url import (
     split_sentinel,
     url_scheme,
 )
+from agentbatch.distributed.state.cancel_safe import CancelSafeSend
 from agentbatch.distributed.state.hiredis_packing import HiredisPacking, connection_class
 
 _CLIENT_OPTS = {
@@ -150,7 +151,8 @@ FAILOVER_RETRIES = 32
 _FAILOVER_BACKOFF = {"cap": 1.0, "base": 0.05}
 
 
-class _AsyncReconnecting(HiredisPacking, aiosentinel.SentinelManagedConnection):
+class _AsyncReconnecting(CancelSafeSend, HiredisPacking,
+                         aiosentinel.SentinelManagedConnection):
     """Asks the sentinels for the primary on every (re)connect. redis-py 8.1's asyncio
     connection asks only when the pool hands it out; a command's own retries reconnect to
     the address it had, so through a whole failover they hammer the dead primary and the

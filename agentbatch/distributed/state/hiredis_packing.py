@@ -14,6 +14,8 @@ import redis.asyncio.connection as aioconn
 from redis.connection import HiredisRespSerializer
 from redis.utils import HIREDIS_AVAILABLE
 
+from agentbatch.distributed.state.cancel_safe import CancelSafeSend
+
 _SERIALIZER = HiredisRespSerializer()
 
 
@@ -26,15 +28,15 @@ class HiredisPacking:
         return _SERIALIZER.pack(*args)
 
 
-class HiredisConnection(HiredisPacking, aioconn.Connection):
+class HiredisConnection(CancelSafeSend, HiredisPacking, aioconn.Connection):
     pass
 
 
-class HiredisSSLConnection(HiredisPacking, aioconn.SSLConnection):
+class HiredisSSLConnection(CancelSafeSend, HiredisPacking, aioconn.SSLConnection):
     pass
 
 
-class HiredisUnixConnection(HiredisPacking, aioconn.UnixDomainSocketConnection):
+class HiredisUnixConnection(CancelSafeSend, HiredisPacking, aioconn.UnixDomainSocketConnection):
     pass
 
 
@@ -43,5 +45,6 @@ _BY_SCHEME = {"redis": HiredisConnection, "rediss": HiredisSSLConnection,
 
 
 def connection_class(scheme: str) -> type[aioconn.AbstractConnection] | None:
-    """The hiredis-packing class for a URL scheme (None: hiredis missing, keep redis-py's)."""
-    return _BY_SCHEME.get(scheme) if HIREDIS_AVAILABLE else None
+    """Our connection class for a URL scheme: packing by hiredis when it is installed (else
+    redis-py's own packer), and never swallowing a cancel (``cancel_safe.py``)."""
+    return _BY_SCHEME.get(scheme)
