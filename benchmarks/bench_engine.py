@@ -116,10 +116,9 @@ import time
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from unittest.mock import patch
 
-from openai import AsyncOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
 from agentbatch import arun_batch, asubmit_batch, submit_batch, tool
@@ -137,6 +136,9 @@ from agentbatch.turnloop.json_tool_calling import (
 from benchmarks.machine import machine_info, median, ratio, utc_now, write_json
 from tests.engine.reviews import REVIEWS
 from tests.engine.reviews import TASK as TASK_A
+
+if TYPE_CHECKING:  # the naive client's package: imported where it runs (the bench extra)
+    from openai import AsyncOpenAI
 
 MODEL = "smollm2"
 SYSTEMS = ("embedded", "embedded_unpinned", "embedded_unstreamed", "distributed",
@@ -606,6 +608,8 @@ async def run_naive(ctx: dict[str, Any], workload: str, n: int,
     "" is the one server (the first)."""
     tally = {"turns": 0, "tool_calls": 0, "agents_calling_tools": 0, "repairs": 0}
     urls = (ctx.get("http_urls") or [ctx["http_url"]]) if spread else [ctx["http_url"]]
+    from openai import AsyncOpenAI
+
     clients = [AsyncOpenAI(base_url=u + "/v1", api_key="none") for u in urls]
     rr = _RoundRobin(clients)
 
