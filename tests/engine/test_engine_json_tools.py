@@ -43,17 +43,23 @@ def _run(llama_server: Any, redis_url: str | None,
 
 def _check_required(results: list[AgentResult], redis_url: str) -> None:
     """``tool_choice="required"``: no agent ends ok without a tool result, whatever the model
-    would have chosen (the turn's grammar allows only calls until then)."""
+    would have chosen (the turn's grammar allows only calls until then). Whether SmolLM2 then
+    answers within ``max_turns`` is the model's choice, which varies with how requests share
+    the engine's batched slots (8/8 valid in most runs; one CI run failed the old bound of 7):
+    an agent that kept calling ends ``max_turns``, never ok without its tool result."""
     valid = [r for r in results if r.ok and isinstance(r.output, PriceReport)]
     client = redis.from_url(redis_url)
     keys = client.keys("test:exec:price:a:*")
     runs = sum(int(client.get(k) or 0) for k in keys)
     calls = sum(1 for r in results for c in r.tool_calls if c.name == "price")
+    errors = [r.error for r in results if not r.ok]
     print(f"required tools on SmolLM2: {len(valid)}/8 valid, {calls} price calls, {runs} "
-          f"executions over {len(keys)} keys; errors {[r.error for r in results if not r.ok]}")
-    assert len(results) == 8 and len(valid) >= 7
-    assert all(any(c.name == "price" and c.ok for c in r.tool_calls) for r in valid)
-    assert runs == len(keys) and calls >= len(valid)
+          f"executions over {len(keys)} keys; errors {errors}")
+    assert len(results) == 8 and valid  # json tool calling that broke would leave none
+    assert all(any(c.name == "price" and c.ok for c in r.tool_calls)
+               for r in results if r.ok)
+    assert all(e is not None and e.kind == "max_turns" for e in errors), errors
+    assert runs == len(keys) and calls >= len(results)  # every agent called before anything
 
 
 def _check(results: list[AgentResult], redis_url: str) -> None:
