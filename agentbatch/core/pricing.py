@@ -132,20 +132,6 @@ def split_cost(usage: Usage, batch_usage: Usage, prices: Mapping[str, float]) ->
     return cost_usd(sync, prices) + cost_usd(batch_usage, prices, batch=True)
 
 
-def plan_cost(usage: Usage, table: Mapping[str, Mapping[str, float]] | None,
-              model: str, batch_usage: Usage | None = None,
-              hedge_usage: Usage | None = None) -> float | None:
-    """``usage`` at the plan's prices for ``model`` (``batch_usage``, the part served by a
-    provider batch, at the batch prices), plus ``hedge_usage``, hedged turns' losing requests,
-    paid at the sync prices; None when the batch has no prices."""
-    if not table or model not in table:
-        return None
-    cost = split_cost(usage, batch_usage or Usage(), table[model])
-    if hedge_usage is not None:
-        cost += cost_usd(hedge_usage, table[model])
-    return cost
-
-
 def state_cost(state: AgentState, prices: Mapping[str, float]) -> float:
     """What an agent has paid at ``prices``: its replies (the provider batch's part at the
     ``batch_`` prices), and the losing requests of its hedged turns at the sync prices. The

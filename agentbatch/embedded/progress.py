@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-from agentbatch.core.agent_state import AgentStatus
-from agentbatch.core.model_io import Usage
-from agentbatch.core.pricing import plan_cost
+from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.pricing import state_cost
 from agentbatch.embedded.engine import EmbeddedEngine
 from agentbatch.turnloop.progress import (
     BatchProgress,
@@ -15,6 +14,15 @@ from agentbatch.turnloop.progress import (
     eta,
     slowest,
 )
+
+
+def _spend(engine: EmbeddedEngine, states: list[AgentState]) -> float | None:
+    """The batch's spend: each agent's ``state_cost`` (the one reckoning of ``cost_usd``,
+    so the total is the sum of its results'); None without prices for the model."""
+    table, model = engine.rt.plan.prices, engine.rt.plan.model
+    if not table or model not in table:
+        return None
+    return sum(state_cost(s, table[model]) for s in states)
 
 
 def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: int,
@@ -32,12 +40,7 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
     done = awaiting = 0
     kinds: dict[str, int] = {}
     prompt = cached = completion = 0
-    batch_usage = hedge_usage = Usage()
     for s in states:
-        if s.batch_turns:
-            batch_usage = batch_usage + s.batch_usage
-        if s.hedge_usage is not None:
-            hedge_usage = hedge_usage + s.hedge_usage
         prompt += s.usage.prompt_tokens
         cached += s.usage.cached_tokens
         completion += s.usage.completion_tokens
@@ -58,10 +61,7 @@ def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: in
         queued=total - done - failed - awaiting - running, recovering=0, elapsed_s=elapsed,
         finished=finished, failed_by_kind=kinds,
         tokens=TokenCounts(prompt, cached, completion), throughput=throughput,
-        cost_usd=plan_cost(Usage(prompt_tokens=prompt, cached_tokens=cached,
-                                 completion_tokens=completion),
-                           engine.rt.plan.prices, engine.rt.plan.model, batch_usage,
-                           hedge_usage),
+        cost_usd=_spend(engine, states),
         projected_cost_usd=None if engine.budget is None else engine.budget.projected_usd,
         budget_warning=None if engine.budget is None else engine.budget.warning,
         eta_s=eta(total - done - failed, throughput),

@@ -6,10 +6,11 @@ import math
 
 import pytest
 
+from agentbatch.core.agent_state import AgentState
 from agentbatch.core.errors import BatchSpecError
 from agentbatch.core.model_io import Usage
 from agentbatch.core.options import BatchOptions, with_environment
-from agentbatch.core.pricing import PRICES_ENV, cost_usd, load_prices, plan_cost
+from agentbatch.core.pricing import PRICES_ENV, agent_cost, cost_usd, load_prices
 from agentbatch.turnloop.compile import compile_batch
 
 PRICES = {"m": {"prompt": 2.0, "cached_prompt": 0.5, "completion": 8.0,
@@ -33,9 +34,11 @@ def test_cached_prompt_defaults_to_prompt_and_a_missing_batch_price_is_named() -
         cost_usd(usage, {"prompt": 3.0, "completion": 1.0}, batch=True)
 
 
-def test_plan_cost_is_none_without_prices() -> None:
-    assert plan_cost(Usage(prompt_tokens=5), None, "m") is None
-    assert plan_cost(Usage(prompt_tokens=1_000_000), PRICES, "m") == pytest.approx(2.0)
+def test_agent_cost_is_none_without_prices() -> None:
+    state = AgentState(index=0, input={}, usage=Usage(prompt_tokens=1_000_000))
+    assert agent_cost(state, None, "m") is None
+    assert agent_cost(state, {"other": PRICES["m"]}, "m") is None
+    assert agent_cost(state, PRICES, "m") == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("suffix,text", [
