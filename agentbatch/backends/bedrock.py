@@ -32,6 +32,7 @@ from agentbatch.core.errors import (
     ServerError,
 )
 from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.core.wait_for import wait_for
 
 DEFAULT_TIMEOUT_S = 300.0
 CONNECT_TIMEOUT_S = 10.0
@@ -193,7 +194,7 @@ class BedrockBackend(Backend):
         loop = asyncio.get_running_loop()
         self.requests_sent += 1
         try:
-            reply = await asyncio.wait_for(
+            reply = await wait_for(
                 loop.run_in_executor(self._executor, self._call, params), timeout
             )
         except asyncio.TimeoutError:

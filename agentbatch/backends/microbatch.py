@@ -32,6 +32,7 @@ from typing import Any
 from agentbatch.backends.base import Backend, BackendWrapper
 from agentbatch.core.errors import BackendError, BackendTimeout, ServerError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse, canonical_json
+from agentbatch.core.wait_for import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class MicroBatchingBackend(BackendWrapper):
         if request.timeout_s is None:
             return await future  # a cancelled caller cancels its future: skipped at flush
         try:
-            return await asyncio.wait_for(future, request.timeout_s)
+            return await wait_for(future, request.timeout_s)
         except asyncio.TimeoutError:
             raise BackendTimeout(
                 f"{self.name}: no batched answer within {request.timeout_s:g}s"

@@ -12,7 +12,6 @@ A URL written ``@path`` names a hostfile (see ``pool.parse_hostfile``): one URL 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
 from agentbatch.core.errors import BackendError, BackendUnavailable, BatchSpecError
 from agentbatch.core.options import DEFAULT_POOL_LOAD_FACTOR
+from agentbatch.core.wait_for import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ async def learn_inflight_hint(backend: Backend, timeout_s: float = 10.0) -> None
         if endpoint.inflight_hint is not None:
             continue
         try:  # the default ``learn_inflight_hint`` learns nothing, at once
-            await asyncio.wait_for(endpoint.learn_inflight_hint(), timeout_s)
+            await wait_for(endpoint.learn_inflight_hint(), timeout_s)
         except Exception as exc:  # only a hint: the turn reports real errors
             log.info("%s did not say how many requests it serves at once: %s",
                      endpoint.name, exc)

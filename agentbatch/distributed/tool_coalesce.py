@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 from agentbatch.core.errors import ToolError
+from agentbatch.core.wait_for import wait_for
 from agentbatch.distributed.state.keys import (
     TOOL_DONE_CHANNEL,
     tool_cache,
@@ -166,7 +167,7 @@ class RedisCoalescer:
             raw = await self._r.get(tool_result(h, leader))
             if raw is None:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fut), pttl_ms / 1000 + 0.5)
+                    await wait_for(asyncio.shield(fut), pttl_ms / 1000 + 0.5)
                 raw = await self._r.get(tool_result(h, leader))
                 if raw is None and await self._r.get(tool_lock(h)) == leader:
                     return await self._wait(h, leader, ttl_ms, ttl_ms)  # renewed: keep waiting

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from agentbatch.core.errors import ToolError
 from agentbatch.core.tool import Tool, is_async_callable, tool
+from agentbatch.core.wait_for import wait_for
 from agentbatch.toolpool.confined_read import read_confined
 from agentbatch.toolpool.pool import to_text
 from agentbatch.toolpool.public_http import (
@@ -104,7 +105,7 @@ async def http_get(url: str, max_bytes: _HttpBytes = 100_000) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ToolError(f"http_get: only http:// and https:// URLs are supported, got {url!r}")
     try:
-        return await asyncio.wait_for(_fetch(parsed, max(1, int(max_bytes))), HTTP_TIMEOUT)
+        return await wait_for(_fetch(parsed, max(1, int(max_bytes))), HTTP_TIMEOUT)
     except asyncio.TimeoutError:
         raise ToolError(f"http_get: {url!r} timed out after {HTTP_TIMEOUT:g}s") from None
     except httpx.HTTPError as exc:

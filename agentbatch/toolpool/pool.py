@@ -38,6 +38,7 @@ from agentbatch.core.tool import Tool, resolve_tool
 from agentbatch.core.tool_context import Lease, ToolContext
 from agentbatch.core.tool_output_cap import DEFAULT_MAX_TOOL_OUTPUT_CHARS, cap_output, check_limit
 from agentbatch.core.tool_schema import ArgumentsInvalid, ValidatedArgs
+from agentbatch.core.wait_for import wait_for
 from agentbatch.metrics import record_tool
 from agentbatch.toolpool.cache import ResultCache, TTLCache
 from agentbatch.toolpool.coalesce import Coalescer, InflightCoalescer
@@ -196,7 +197,7 @@ class ToolPool:
             if limit is None:
                 text, cached, shared = await resolving
             else:
-                text, cached, shared = await asyncio.wait_for(resolving, limit)
+                text, cached, shared = await wait_for(resolving, limit)
         except asyncio.TimeoutError:
             self._bump(tool.name, "timeouts")
             return self._error(call, _timeout_message(tool.name, limit))
@@ -260,7 +261,7 @@ class ToolPool:
         limit = tool.timeout if tool.timeout is not None else self.default_timeout
         invocation = _invoke(tool, kwargs)
         try:
-            text = await (invocation if limit is None else asyncio.wait_for(invocation, limit))
+            text = await (invocation if limit is None else wait_for(invocation, limit))
         except asyncio.TimeoutError:
             raise _ExecutionTimeout(_timeout_message(tool.name, limit)) from None
         except ToolError as exc:  # an error's text reaches the model and Redis too

@@ -44,6 +44,7 @@ from agentbatch.backends.provider_batch.types import (
 )
 from agentbatch.core.errors import BackendError, BackendTimeout, BatchSpecError, ServerError
 from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.wait_for import wait_for
 
 S3_ENV = "AGENTBATCH_BEDROCK_BATCH_S3"
 ROLE_ENV = "AGENTBATCH_BEDROCK_BATCH_ROLE_ARN"
@@ -205,7 +206,7 @@ class BedrockBatchClient(ProviderBatchClient):
         ``BackendError`` (their messages are AWS's, never a credential)."""
         what = getattr(fn, "__name__", "call")
         try:
-            return await asyncio.wait_for(asyncio.to_thread(functools.partial(fn, **kwargs)),
+            return await wait_for(asyncio.to_thread(functools.partial(fn, **kwargs)),
                                           self.timeout)
         except asyncio.TimeoutError:
             raise BackendTimeout(f"{self.name}: no answer to {what} within "
@@ -306,7 +307,7 @@ class BedrockBatchClient(ProviderBatchClient):
     async def _read(self, bucket: str, key: str) -> bytes:
         found = await self._call(self.s3.get_object, Bucket=bucket, Key=key)
         body = found["Body"]
-        return await asyncio.wait_for(asyncio.to_thread(body.read), self.timeout)
+        return await wait_for(asyncio.to_thread(body.read), self.timeout)
 
     async def _outputs(self, job: dict[str, Any]) -> list[tuple[str, str]]:
         """``(bucket, key)`` of the job's ``.jsonl.out`` objects (under its output folder,

@@ -11,6 +11,7 @@ import httpx
 from agentbatch.backends.http_errors import error_for_exception, error_for_status
 from agentbatch.backends.http_session import HttpSession
 from agentbatch.core.errors import BackendTimeout
+from agentbatch.core.wait_for import wait_for
 
 
 async def call(session: HttpSession, method: str, path: str, *, timeout: float,
@@ -20,7 +21,7 @@ async def call(session: HttpSession, method: str, path: str, *, timeout: float,
     client = session.client()
     session.requests_sent += 1
     try:
-        resp = await asyncio.wait_for(
+        resp = await wait_for(
             client.request(method, session.base_url + path, timeout=timeout, **kwargs), timeout)
     except asyncio.TimeoutError:
         raise BackendTimeout(f"{session.who}: no answer to {method} {path} within "

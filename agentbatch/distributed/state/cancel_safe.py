@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agentbatch.core.wait_for import cancels
+
 
 class CancelSafeSend:
     """Mixin for a ``redis.asyncio`` connection class: a cancel is never swallowed by a
@@ -23,14 +25,9 @@ class CancelSafeSend:
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         task = asyncio.current_task()
-        before = _cancels(task)
+        before = cancels(task)
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        if _cancels(task) > before:
+        if cancels(task) > before:
             await self.disconnect(nowait=True)  # type: ignore[attr-defined]
             raise asyncio.CancelledError("cancelled while the command was sent")
 
-
-def _cancels(task: asyncio.Task[Any] | None) -> int:
-    """The cancels requested of ``task`` and not taken back (Python 3.11+; else 0)."""
-    count = getattr(task, "cancelling", None)
-    return int(count()) if count is not None else 0

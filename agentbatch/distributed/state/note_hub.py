@@ -13,6 +13,8 @@ import contextlib
 import logging
 from typing import Any
 
+from agentbatch.core.wait_for import wait_for
+
 log = logging.getLogger(__name__)
 
 
@@ -55,7 +57,7 @@ class NoteHub:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen(), name=f"agentbatch-hub-{self.channel}")
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), 2.0)
+            await wait_for(self._ready.wait(), 2.0)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(note, []).append(fut)
         return fut

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.core.errors import BatchCancelled, ServerBusy
+from agentbatch.core.wait_for import wait_for
 from agentbatch.distributed.state.keys import semaphore
 from agentbatch.distributed.state.note_hub import NoteHub
 from agentbatch.distributed.state.redis_store import SlotAsk
@@ -263,7 +264,7 @@ class RedisSemaphore:
             if left <= 0:
                 return
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(freed), left)
+                await wait_for(asyncio.shield(freed), left)
             if not freed.done():
                 return
             releases -= 1
