@@ -128,7 +128,7 @@ class OpenAICompatBackend(Backend):
         self._prefix_counters: PrefixCounters | None = None
         self._context: int | None = None  # context_length, once the server answered
         self._context_learnt = False
-        self._context_lock = asyncio.Lock()
+        self._context_asking: asyncio.Task[None] | None = None  # the one GET in flight
         self._counts = True  # False once the server showed it has no usable /tokenize
         # OpenAI's reasoning models reject max_tokens; every other server expects it.
         self._max_tokens_field = (
@@ -281,13 +281,26 @@ class OpenAICompatBackend(Backend):
 
     async def context_length(self) -> int | None:
         """The context the server states, learnt once (``_learn_context``); None when it
-        states none. A server that does not answer now is asked again next time."""
-        if not self._context_learnt:
-            async with self._context_lock:  # the first turns of every agent arrive together
-                if not self._context_learnt:
-                    answered, self._context = await self._learn_context()
-                    self._context_learnt = answered
+        states none. A server that does not answer now is asked again next time.
+
+        The first turns of every agent arrive together: one asks and all of them await that
+        one answer, woken at once. (A lock woke them one per loop pass, which spread a
+        200-agent batch's first requests over a second: issue 26 item 5.) The ask is
+        shielded, so an agent cancelled while waiting does not cancel it for the others."""
+        if self._context_learnt:
+            return self._context
+        asking = self._context_asking
+        if asking is None or asking.get_loop() is not asyncio.get_running_loop():
+            asking = self._context_asking = asyncio.ensure_future(self._ask_context())
+        await asyncio.shield(asking)
         return self._context
+
+    async def _ask_context(self) -> None:
+        try:
+            answered, context = await self._learn_context()
+            self._context, self._context_learnt = context, answered
+        finally:  # unanswered (or failed): the next turn asks again
+            self._context_asking = None
 
     async def _learn_context(self) -> tuple[bool, int | None]:
         """(answered, context): the smallest ``max_model_len`` on ``GET /v1/models`` (vLLM,

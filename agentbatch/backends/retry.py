@@ -125,7 +125,7 @@ class RetryingBackend(BackendWrapper):
         while True:
             tried += 1
             try:
-                response = await self._inner.complete(self._attempt(request, deadline))
+                response = await self._inner.complete(self._attempt(request, deadline, tried))
             except Exception as exc:
                 if not _is_retryable(exc) or tried >= attempts or _past(deadline):
                     if isinstance(exc, BackendError):
@@ -146,9 +146,11 @@ class RetryingBackend(BackendWrapper):
         return wait
 
     @staticmethod
-    def _attempt(request: ModelRequest, deadline: float | None) -> ModelRequest:
-        """The request for one attempt: the time left of the call's deadline as its timeout."""
-        if deadline is None:
+    def _attempt(request: ModelRequest, deadline: float | None, tried: int) -> ModelRequest:
+        """The request for one attempt: the time left of the call's deadline as its timeout.
+        The first attempt starts as the deadline is set, so all of ``timeout_s`` is left:
+        it goes as it is (no copy of the request on every turn)."""
+        if deadline is None or (tried == 1 and (request.timeout_s or 0) > 0):
             return request
         left = deadline - time.monotonic()
         if left <= 0:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 
 class PrioritySlots:
@@ -55,13 +53,9 @@ class PrioritySlots:
         self._in_use -= 1
         self._wake()
 
-    @asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        await self.acquire(priority)
-        try:
-            yield
-        finally:
-            self.release()
+    def slot(self, priority: int) -> _Slot:
+        """``async with slots.slot(priority):`` holds one slot for the block."""
+        return _Slot(self, priority)
 
     def _grant(self) -> None:
         self._in_use += 1
@@ -74,3 +68,20 @@ class PrioritySlots:
                 continue
             self._grant()
             fut.set_result(None)
+
+
+class _Slot:
+    """One held slot, as a plain class: an ``asynccontextmanager`` made an async generator
+    and its wrapper on every model turn (issue 26 item 5)."""
+
+    __slots__ = ("_priority", "_slots")
+
+    def __init__(self, slots: PrioritySlots, priority: int) -> None:
+        self._slots = slots
+        self._priority = priority
+
+    async def __aenter__(self) -> None:
+        await self._slots.acquire(self._priority)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._slots.release()

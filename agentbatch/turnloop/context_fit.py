@@ -14,9 +14,10 @@ byte-identical. A prompt that still does not fit is never sent: the agent ends
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbatch.backends.base import Backend
@@ -49,7 +50,7 @@ class Fitted:
 
     request: ModelRequest
     count: Count | None
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage | None = None  # None: nothing spent (no Usage made on every turn)
 
 
 @dataclass
@@ -101,7 +102,7 @@ async def measure(backend: Backend, messages: list[Message], tools: list[dict[st
     """The prompt's size: its byte bound when that is within ``limit`` (no IO), else the same
     bound with the shared prefix counted by the server once per process, else the server's
     count of the whole prompt, else an estimate."""
-    bound = cp.token_upper_bound(messages, tools)
+    bound = cp.token_upper_bound(messages) + _tools_bound(tools)  # = (messages, tools)
     if bound <= limit:
         return bound, "estimated"
     rest = await _bound_past_prefix(backend, messages, tools)
@@ -115,6 +116,24 @@ async def measure(backend: Backend, messages: list[Message], tools: list[dict[st
     if counted is not None:
         return counted, "counted"
     return cp.estimate_tokens(messages, tools), "estimated"
+
+
+_TOOLS_BOUND: tuple[list[dict[str, Any]] | None, int] = (None, 0)  # a copy of the last tools
+
+
+def _tools_bound(tools: list[dict[str, Any]]) -> int:
+    """The tools' part of ``cp.token_upper_bound(messages, tools)``. Every turn of a batch
+    sends the same tools (the plan's ``tool_schemas``), so their size is remembered with a
+    copy of them: comparing is a fraction of a ``json.dumps`` of them on every turn, and
+    tools that differ in anything are sized anew (issue 26 item 5)."""
+    global _TOOLS_BOUND
+    if not tools:
+        return 0
+    last, bound = _TOOLS_BOUND
+    if last != tools:
+        bound = cp.token_upper_bound([], tools) - cp.token_upper_bound([])
+        _TOOLS_BOUND = (copy.deepcopy(tools), bound)
+    return bound
 
 
 async def _bound_past_prefix(backend: Backend, messages: list[Message],

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from agentbatch.backends.sse import tool_call_listener
+from agentbatch.backends.sse import ON_TOOL_CALL
 from agentbatch.core.agent_state import AgentState
 from agentbatch.core.errors import BackendError
 from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome, Usage
@@ -31,6 +31,8 @@ from agentbatch.turnloop.runtime import BatchRuntime
 
 log = logging.getLogger(__name__)
 
+_NOTHING = Usage()  # added to, never changed: ``Usage.__add__`` makes a new one
+
 
 async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
                      early: EarlyTools | None = None,
@@ -49,8 +51,11 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     # One budget for the agent: HTTP retries inside this call count against max_retries, so
     # max_retries=0 means one attempt, and timeout_per_turn bounds all of this call's attempts.
     request.max_attempts = max(rt.policy.max_retries - state.retries, 0) + 1
+    # ``sse.tool_call_listener(early)``, unrolled: early tool calls of a streaming backend
+    # in this task go to ``early`` (a context manager's generator, on every turn, cost more).
+    listening = ON_TOOL_CALL.set(early)
     try:
-        with tool_call_listener(early), model_call(rt.backend.name):
+        with model_call(rt.backend.name):
             response = await (complete or rt.backend.complete)(request)
     except BackendError as exc:
         return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable,
@@ -59,10 +64,13 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
         log.exception("backend raised unexpectedly for agent %s", state.index)
         return ModelFailed(kind="internal", message=f"{type(exc).__name__}: {exc}",
                            retryable=False)
+    finally:
+        ON_TOOL_CALL.reset(listening)
     if json_tools:
         response = parse_reply(response, allow_tools=action.allow_tools, turn=state.steps + 1)
-    if fitted.count is not None or fitted.usage != Usage():
-        usage = fitted.usage + response.usage  # one new Usage: this runs on every turn
+    if fitted.count is not None or fitted.usage is not None:
+        # one new Usage (what compaction spent, if anything, plus the reply's): every turn
+        usage = (_NOTHING if fitted.usage is None else fitted.usage) + response.usage
         usage.prompt_count = fitted.count or response.usage.prompt_count
         response = response.model_copy(update={"usage": usage})
     record_reply(rt.backend.name, response)
@@ -112,4 +120,6 @@ async def run_tools(rt: BatchRuntime, state: AgentState, action: RunTools,
         return await rt.tools.run(call, tool_context(rt, state, call.id),
                                   timeout=rt.plan.timeout_per_tool)
 
+    if len(action.calls) == 1:  # the usual round: no gather, so no extra task per round
+        return ToolsFinished([await one(action.calls[0])])
     return ToolsFinished(list(await asyncio.gather(*(one(c) for c in action.calls))))
