@@ -20,6 +20,17 @@ answer is returned, so the turn commits once (``stat:hedge_won_by_sync`` /
 ``hedge_won_by_batch``); a provider batch whose turns were all answered by the sync API is
 cancelled.
 
+A provider bills every request of a batch that completed, even in a batch cancelled later.
+So a turn whose sync hedge won keeps its ``custom_id`` in ``_lost`` until its provider batch
+has ended (a cancelled one is polled until the provider says it has), and its item is read
+with the others'. An answer there was paid at the batch prices: it is added to the batch's
+``spend`` in Redis (which the claims' ``max_cost_usd`` check and ``progress()`` read) and
+counted (``stat:hedge_lost_batch_paid``, ``stat:hedge_lost_batch_paid_prompt_tokens`` /
+``_completion_tokens``), in one atomic script (``PAY_LOST``). It is in no result's
+``cost_usd``: the agent has moved on, and may have ended. A request not completed when its
+batch was cancelled was not paid. What a worker stopped or killed before its provider batch
+ended would have read is not known (``stat:hedge_won_by_sync`` bounds it).
+
 Routing and hedge counts go through the worker's background counters (``BatchStats``: one
 transaction per flush, not a round trip per event); those that must be on the batch before
 what follows them are flushed at once, shared by the callers of one pass of the loop: a
@@ -62,7 +73,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import (
@@ -82,8 +93,9 @@ from agentbatch.core.errors import (
     BatchSpecError,
     ServerError,
 )
-from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.core.model_io import ModelRequest, ModelResponse, Usage
 from agentbatch.core.plan import BatchPlan
+from agentbatch.core.pricing import cost_usd
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.distributed.workers.batch_stats import BatchStats
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
@@ -106,6 +118,18 @@ LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this of
 SHARED_LATENCIES = 200  # the provider batch latencies a batch keeps for the fleet (newest)
 
 Hedge = Callable[[], Awaitable[ModelResponse]]  # the turn's request on the sync API
+
+# What a provider batch billed for turns the sync API answered, on one batch's meta, unless
+# the batch is gone: spend (when priced) and the counts, in one atomic step.
+# KEYS: meta   ARGV: spend ('' = not priced), turns, prompt tokens, completion tokens
+PAY_LOST = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] ~= '' then redis.call('HINCRBYFLOAT', KEYS[1], 'spend', ARGV[1]) end
+redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid_prompt_tokens', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid_completion_tokens', ARGV[4])
+return 1
+"""
 
 Note = Callable[[str, str, int], Awaitable[None]]  # (batch id, stat, n)
 
@@ -142,6 +166,15 @@ class _Turn:
     request: ModelRequest
     future: asyncio.Future[ItemResult]
     resubmit: bool = False  # its record said SUBMITTING: counted as resubmitted already
+
+
+@dataclass
+class _Lost:
+    """A turn the sync API answered whose provider batch may still bill it: its batch and
+    the batch model's prices (None: not priced)."""
+
+    store: BatchStore
+    prices: dict[str, float] | None
 
 
 @dataclass
@@ -189,6 +222,10 @@ class ProviderBatches:
         self._live: dict[str, tuple[float, int]] = {}  # batch id -> (read at, live agents)
         self._finished: dict[str, tuple[int, int]] = {}  # batch id -> (agents ok, their turns)
         self._shared_read: set[str] = set()  # batches whose fleet latencies were read here
+        # provider batch id -> custom id -> a turn the sync API answered (``_pay_lost``)
+        self._lost: dict[str, dict[str, _Lost]] = {}
+        self._prices: dict[str, dict[str, float] | None] = {}  # batch id -> model's prices
+        self._pay_script: Any = None
 
     def _stats(self, store: BatchStore) -> BatchStats:
         """The background counters (made on first use from the batch's Redis client: every
@@ -345,6 +382,7 @@ class ProviderBatches:
         key = (*plan.backends, plan.model)
         lane = self._lanes[key]
         cid = custom_id(plan.batch_id, index, version)
+        self._prices[plan.batch_id] = (plan.prices or {}).get(plan.model)
         router = await self.router_for(plan, store)
         future = self._futures.get(cid)
         if future is None or future.done():
@@ -441,6 +479,9 @@ class ProviderBatches:
             pb = self._owner_of.get(cid)
             if pb is not None and pb in self._submitted:
                 self._submitted[pb].answered_sync.add(cid)
+            if pb is not None and pb in self._watchers:  # its item is read when pb ends
+                self._lost.setdefault(pb, {})[cid] = _Lost(
+                    store, (plan.prices or {}).get(plan.model))
             for wanted in self._wanted.values():
                 wanted.discard(cid)  # the batch's answer, if it comes, is dropped
             response = await sync  # a failed batch item: the sync answer (or its error)
@@ -517,6 +558,10 @@ class ProviderBatches:
                                                {cid for cid, _ in chunk})
         for cid, turn in chunk:
             self._watch(client, state.id, cid, turn.store)
+            if self._futures.get(cid) is not turn.future:  # answered (a hedge won) while
+                self._wanted[state.id].discard(cid)  # the submit was under way: maybe billed
+                self._lost.setdefault(state.id, {})[cid] = _Lost(
+                    turn.store, self._prices.get(turn.store.batch_id))
 
     @staticmethod
     async def _count_submit(per_batch: dict[str, list[_Turn]]) -> None:
@@ -587,7 +632,7 @@ class ProviderBatches:
         re-sent, and wait on it again elsewhere."""
         delay = POLL_S
         polled_from = time.monotonic()
-        ended = False
+        ended = cancelled = False
         try:
             while True:
                 wanted = sorted(self._wanted.get(batch_id, ()))
@@ -595,10 +640,16 @@ class ProviderBatches:
                     sub = self._submitted.get(batch_id)
                     hedged = sub is not None and bool(sub.members) \
                         and sub.members <= sub.answered_sync
-                    if not ended and (hedged or await self._all_cancelled(batch_id)):
+                    if not ended and not cancelled and (
+                            hedged or await self._all_cancelled(batch_id)):
                         await self._cancel(client, batch_id, "the sync API answered its turns"
                                            if hedged else "its batches were cancelled")
-                    return
+                        cancelled = True
+                        if sub is not None:  # polled on for its bill only: no latency to
+                            sub.size = None  # observe, nothing running for the routers
+                    if ended or not self._lost.get(batch_id):
+                        return
+                    # turns the sync API answered: polled on until it has ended, for its bill
                 state = None
                 with contextlib.suppress(BackendError):
                     state = await client.state(batch_id)
@@ -609,14 +660,22 @@ class ProviderBatches:
                     age = time.monotonic() - polled_from
                     delay = min(max(POLL_SHARE * age, POLL_S), MAX_POLL_S)
                     continue
+                if not ended:
+                    await self._observe(batch_id)
                 ended = True
-                await self._observe(batch_id)
+                lost = self._lost.pop(batch_id, {})
                 try:
-                    found = await client.results(batch_id, wanted)
+                    found = await client.results(batch_id, wanted + sorted(lost))
                 except Exception as exc:
                     found = {cid: ItemResult(cid, error=ItemError(
                         "server_error", f"provider batch {batch_id} ({state.status}): {exc}"))
                         for cid in wanted}
+                    if lost:
+                        log.warning("provider batch %s: its items for %d turns the sync API "
+                                    "answered could not be read (%s); what they were billed "
+                                    "is not known", batch_id, len(lost), exc)
+                await self._pay_lost(batch_id, lost, {
+                    cid: found.pop(cid) for cid in lost if cid in found})
                 failed = sum(not item.ok for item in found.values())
                 if failed:
                     log.warning("provider batch %s ended %s with %d of %d turns unanswered",
@@ -628,6 +687,38 @@ class ProviderBatches:
             self._owners.pop(batch_id, None)
             self._watchers.pop(batch_id, None)
             self._submitted.pop(batch_id, None)
+            self._lost.pop(batch_id, None)
+
+    async def _pay_lost(self, batch_id: str, lost: dict[str, _Lost],
+                        found: dict[str, ItemResult]) -> None:
+        """The items of turns the sync API answered, read when their provider batch ended:
+        an answered one was billed at the batch prices. Per agentbatch batch, its cost is
+        added to meta's ``spend`` and counted (``PAY_LOST``, atomic, at once: the next
+        claim's cap check sees it); in no result's ``cost_usd``."""
+        per_batch: dict[str, tuple[_Lost, list[Usage]]] = {}
+        for cid, item in found.items():
+            turn = lost.get(cid)
+            if turn is not None and item.response is not None:
+                per_batch.setdefault(turn.store.batch_id, (turn, []))[1].append(
+                    item.response.usage)
+        for owner, (turn, usages) in per_batch.items():
+            usage = sum(usages, Usage())
+            spend = "" if turn.prices is None else \
+                repr(cost_usd(usage, turn.prices, batch=True))
+            try:
+                if self._pay_script is None:
+                    self._pay_script = turn.store.r.register_script(PAY_LOST)
+                await self._pay_script(keys=[turn.store.k.meta], args=[
+                    spend, len(usages), usage.prompt_tokens, usage.completion_tokens],
+                    client=turn.store.r)
+            except Exception:
+                log.warning("batch %s: provider batch %s billed %d turns the sync API had "
+                            "answered; could not add it to the spend", owner, batch_id,
+                            len(usages), exc_info=True)
+                continue
+            log.info("batch %s: provider batch %s billed %d turns the sync API had answered "
+                     "(%d prompt, %d completion tokens): added to the spend", owner, batch_id,
+                     len(usages), usage.prompt_tokens, usage.completion_tokens)
 
     async def _observe(self, batch_id: str) -> None:
         """A provider batch submitted here has ended: its latency, for its batches' routers

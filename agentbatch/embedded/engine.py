@@ -52,6 +52,8 @@ class EmbeddedEngine:
         self.rt = rt
         self.budget = budget  # spend, caps and the projection (every commit is recorded)
         self.provider = provider  # pricing="batch"|"auto": turns through a provider batch
+        if provider is not None:  # what its batches bill for turns a sync hedge won
+            provider.budget = budget
         self.checkpoint = checkpoint  # saves each committed state before the next action
         self.ended = ended or {}  # agents that ended in an earlier run: index -> latency
         self.states = {s.index: s for s in states}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from agentbatch.core.agent_state import AgentState, AgentStatus
-from agentbatch.core.pricing import state_cost
+from agentbatch.core.pricing import cost_usd, state_cost
 from agentbatch.embedded.engine import EmbeddedEngine
 from agentbatch.turnloop.progress import (
     BatchProgress,
@@ -18,11 +18,16 @@ from agentbatch.turnloop.progress import (
 
 def _spend(engine: EmbeddedEngine, states: list[AgentState]) -> float | None:
     """The batch's spend: each agent's ``state_cost`` (the one reckoning of ``cost_usd``,
-    so the total is the sum of its results'); None without prices for the model."""
+    so the total is the sum of its results'), plus what provider batches billed for turns
+    whose sync hedge had won (``ProviderBatchTurns.lost_usage``, at the batch prices: paid,
+    and in no result's ``cost_usd``); None without prices for the model."""
     table, model = engine.rt.plan.prices, engine.rt.plan.model
     if not table or model not in table:
         return None
-    return sum(state_cost(s, table[model]) for s in states)
+    lost = 0.0
+    if engine.provider is not None:
+        lost = cost_usd(engine.provider.lost_usage, table[model], batch=True)
+    return sum(state_cost(s, table[model]) for s in states) + lost
 
 
 def embedded_snapshot(engine: EmbeddedEngine | None, *, batch_id: str, total: int,

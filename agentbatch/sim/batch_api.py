@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +32,7 @@ class BatchApiState:
         self.config = config
         self.jobs: dict[str, Job] = {}
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # id -> (object, content)
+        self._billed_before: dict[str, Counter[str]] = {}  # the ledger at the last reset
 
     def add_file(self, name: str, purpose: str, content: bytes) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -38,6 +40,36 @@ class BatchApiState:
             "created_at": int(time.time()), "filename": name, "purpose": purpose}
         self.files[obj["id"]] = (obj, content)
         return obj
+
+    def _ledger(self) -> dict[str, Counter[str]]:
+        now = time.monotonic()
+        ledger: dict[str, Counter[str]] = {}
+        for job in self.jobs.values():
+            for item in job.items:
+                if job.outcome(item, now) == "succeeded":
+                    row = ledger.setdefault(str(item.body.get("model")), Counter())
+                    row.update(requests=1, prompt_tokens=item.prompt_tokens,
+                               completion_tokens=item.completion_tokens)
+        return ledger
+
+    def billed(self) -> dict[str, dict[str, int]]:
+        """The provider's bill for its batch APIs since start or the last ``/sim/reset``,
+        per model: ``requests``, ``prompt_tokens`` and ``completion_tokens`` of every
+        request that succeeded, i.e. finished before its job was cancelled or expired,
+        whether or not anyone read its result (as OpenAI and Anthropic bill). Errored,
+        expired and canceled requests are free. Lets a test or a benchmark compare a
+        client's accounting with what it was charged."""
+        out = {}
+        for model, row in self._ledger().items():
+            row.subtract(self._billed_before.get(model, Counter()))
+            if row["requests"]:
+                out[model] = {k: int(row[k])
+                              for k in ("requests", "prompt_tokens", "completion_tokens")}
+        return out
+
+    def reset_billed(self) -> None:
+        """``billed`` counts from now (``/sim/reset``; the jobs themselves stay)."""
+        self._billed_before = self._ledger()
 
 
 BATCH_API = web.AppKey("agentbatch_sim_batch_api", BatchApiState)

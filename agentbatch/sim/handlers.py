@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from agentbatch.core.model_io import Message, canonical_json
+from agentbatch.sim.batch_api import BATCH_API
 from agentbatch.sim.engine import QueueFull, Sequence
 from agentbatch.sim.faults import HTTP_FAULTS, Fault, faulted_reply, faulted_text
 from agentbatch.sim.model import completion_cost, plan_chat, plan_completion
@@ -366,9 +367,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def sim_stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STATE].stats.as_dict(), dumps=json.dumps)
+    """The counters, and ``batch_billed``: what the batch APIs billed, per model
+    (``BatchApiState.billed``)."""
+    stats = request.app[STATE].stats.as_dict()
+    stats["batch_billed"] = request.app[BATCH_API].billed()
+    return web.json_response(stats, dumps=json.dumps)
 
 
 async def sim_reset(request: web.Request) -> web.Response:
     request.app[STATE].reset()
+    request.app[BATCH_API].reset_billed()
     return web.json_response({"ok": True})

@@ -17,8 +17,17 @@ whose batch latency is all queueing would gain nothing from it (and lose nothing
 ``"auto"`` routing and the hedge time are ``batch_routing.Router``'s (shared with the
 distributed engine). Hedging (``complete``): a turn still waiting at the router's hedge time
 is sent to the sync API as well. The first answer is returned, so it is committed once; the
-loser is cancelled (sync) or dropped (its ``custom_id`` is forgotten), and a provider batch
-none of whose turns is still waited on is cancelled.
+loser is cancelled (sync) or dropped (nobody waits on its ``custom_id`` any more), and a
+provider batch none of whose turns is still waited on is cancelled.
+
+A provider bills every request of a batch that completed, even in a batch cancelled later.
+So the ``custom_id`` of a turn whose sync hedge won is kept (``_Open.lost``) until its batch
+ends (or, cancelled, has ended), and its item is read with the others': an answer there was
+paid at the batch prices, and is added to the batch's spend (``lost_usage``, in
+``progress().cost_usd``, and ``Budget.spent``, which the caps read) and counted
+(``hedge_lost_batch_paid``, ``hedge_lost_batch_paid_prompt_tokens`` / ``_completion_tokens``).
+It is in no result's ``cost_usd``: its agent has moved on, and may have ended already. A
+request not completed when its batch was cancelled (or expired, or failed) was not paid.
 
 A turn whose provider batch failed or expired goes to the sync API while the deadline
 allows, logged; else it fails with an error that says so.
@@ -32,11 +41,12 @@ import itertools
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import ItemError, ItemResult, ProviderBatchClient
+from agentbatch.core.budget import Budget
 from agentbatch.core.errors import (
     BackendError,
     BackendTimeout,
@@ -45,6 +55,7 @@ from agentbatch.core.errors import (
     ServerError,
 )
 from agentbatch.core.model_io import ModelRequest, ModelResponse, Usage
+from agentbatch.core.pricing import cost_usd
 from agentbatch.metrics import record_hedge_loser_tokens
 from agentbatch.turnloop.batch_routing import (
     SAFETY_S,
@@ -68,6 +79,7 @@ WATCH_MIN_S = 0.5  # here a provider batch is polled every POLL_SHARE of its age
 POLL_SHARE = 0.1  # WATCH_MIN_S..WATCH_MAX_S: an answer is seen at most ~10% late, and a
 WATCH_MAX_S = 30.0  # long batch is not polled often
 MAX_WAIT_S = 25 * 3600.0  # without a deadline: past the providers' 24 h window
+CLOSE_BILL_S = 10.0  # at close, how long a cancelled batch is awaited for its hedged turns' bill
 
 
 @dataclass
@@ -78,6 +90,10 @@ class _Open:
     submitted: float
     wanted: set[str]
     size: int = 0  # turns it was submitted with
+    # turns answered elsewhere (a sync hedge won) whose item the provider may still bill:
+    # read when the batch has ended (``ProviderBatchTurns._pay_lost``)
+    lost: set[str] = field(default_factory=set)
+    cancelled: bool = False  # cancelled by this process (once)
 
 
 _KINDS: dict[str, type[BackendError]] = {
@@ -143,6 +159,9 @@ class ProviderBatchTurns:
         self._flusher: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._http = asyncio.Semaphore(HTTP_AT_ONCE)  # many small batches: bounded calls
+        # what provider batches billed for turns the sync API answered (``_pay_lost``)
+        self.lost_usage = Usage()
+        self.budget: Budget | None = None  # the batch's (set by its engine): caps see it
 
     # --- routing (batch_routing.Router) ------------------------------------------------------
 
@@ -169,7 +188,8 @@ class ProviderBatchTurns:
 
     def _running(self) -> list[tuple[float, int]]:
         now = time.monotonic()
-        return [(now - o.submitted, o.size) for o in self._open.values()]
+        return [(now - o.submitted, o.size) for o in self._open.values()
+                if not o.cancelled]  # one cancelled is watched only for its bill
 
     def batch_estimate(self, q: float = 0.9) -> float | None:
         return self.router.batch_estimate(q)
@@ -237,7 +257,7 @@ class ProviderBatchTurns:
                 self.stats["hedge_won_by_batch"] += 1
                 reply, by_batch = await self._settle(cid, request, future.result())
                 return with_sync_loser(reply, sync), by_batch
-            self._forget(cid)  # the batch's answer, if it comes, is dropped
+            self._forget(cid, lost=True)  # its answer, if it comes, is dropped (and paid)
             response = await sync
             self.stats["hedge_won_by_sync"] += 1
             self.stats["served_sync"] += 1
@@ -294,6 +314,9 @@ class ProviderBatchTurns:
                 for cid, _ in chunk})
             return
         opened = _Open(state.id, time.monotonic(), {cid for cid, _ in chunk}, len(chunk))
+        # a turn answered elsewhere while the submit was under way: sent, so maybe billed
+        opened.lost = {cid for cid in opened.wanted if cid not in self._futures}
+        opened.wanted -= opened.lost
         self.stats["provider_batches"] += 1
         self._open[state.id] = opened
         for cid in opened.wanted:
@@ -307,6 +330,7 @@ class ProviderBatchTurns:
             while True:
                 if not opened.wanted:  # every turn answered elsewhere: stop paying for it
                     await self._cancel(opened, "its turns were all answered by the sync API")
+                    await self._pay_lost(opened, max(give_up, time.monotonic() + CLOSE_BILL_S))
                     return
                 state = None
                 with contextlib.suppress(BackendError):
@@ -319,17 +343,25 @@ class ProviderBatchTurns:
                     self._resolve({cid: ItemResult(cid, error=ItemError(
                         "expired", f"provider batch {opened.id} was still running at the "
                         "deadline")) for cid in list(opened.wanted)})
+                    await self._pay_lost(opened, time.monotonic() + CLOSE_BILL_S)
                     return
                 now = time.monotonic()
                 delay = min(max(POLL_SHARE * (now - opened.submitted), WATCH_MIN_S), WATCH_MAX_S)
                 await asyncio.sleep(min(delay, max(give_up - now, 0.01)))
+            lost = sorted(opened.lost)
             try:
                 async with self._http:
-                    found = await self.client.results(opened.id, sorted(opened.wanted))
+                    found = await self.client.results(opened.id,
+                                                      sorted(opened.wanted) + lost)
             except Exception as exc:
                 found = {cid: ItemResult(cid, error=ItemError(
                     "server_error", f"provider batch {opened.id} ({state.status}): {exc}"))
-                    for cid in opened.wanted}
+                    for cid in [*opened.wanted, *lost]}
+                if lost:
+                    log.warning("provider batch %s: its items for %d turns the sync API "
+                                "answered could not be read; what they were billed is not "
+                                "known", opened.id, len(lost))
+            self._count_lost(opened, {cid: found.pop(cid) for cid in lost if cid in found})
             if any(item.ok for item in found.values()):
                 self.batch_latency.add(time.monotonic() - opened.submitted, opened.size)
             failed = sum(not item.ok for item in found.values())
@@ -340,7 +372,62 @@ class ProviderBatchTurns:
         finally:
             self._open.pop(opened.id, None)
 
+    async def _pay_lost(self, opened: _Open, until: float) -> None:
+        """After a cancel: wait (until ``until``, monotonic) for the batch to have ended,
+        then read the items of its turns the sync API answered (``_count_lost``). A
+        provider's cancel takes effect at once (the simulator) or within minutes (OpenAI)."""
+        if not opened.lost:
+            return
+        state, delay = None, POLL_S
+        while True:
+            with contextlib.suppress(BackendError):
+                async with self._http:
+                    state = await self.client.state(opened.id)
+            if state is not None and state.ended:
+                break
+            now = time.monotonic()
+            if now >= until:
+                log.warning("provider batch %s had not ended when given up on: what it bills "
+                            "for %d turns the sync API answered is not known",
+                            opened.id, len(opened.lost))
+                return
+            await asyncio.sleep(min(delay, max(until - now, 0.01)))
+            delay = min(delay * 1.5, MAX_POLL_S)
+        lost = sorted(opened.lost)
+        try:
+            async with self._http:
+                found = await self.client.results(opened.id, lost)
+        except Exception as exc:
+            log.warning("provider batch %s: its items for %d turns the sync API answered "
+                        "could not be read (%s); what they were billed is not known",
+                        opened.id, len(lost), exc)
+            return
+        self._count_lost(opened, found)
+
+    def _count_lost(self, opened: _Open, found: dict[str, ItemResult]) -> None:
+        """Items of ``opened``'s lost turns: those answered were billed by the provider at
+        the batch prices. Added to the batch's spend (``lost_usage``: ``progress().cost_usd``
+        reads it; ``Budget.spent``: the caps do) and counted; in no result's ``cost_usd``
+        (the agent has moved on)."""
+        opened.lost.clear()  # read once: never counted twice
+        paid = [item.response.usage for item in found.values() if item.response is not None]
+        if not paid:
+            return
+        usage = sum(paid, Usage())
+        self.lost_usage = self.lost_usage + usage
+        self.stats["hedge_lost_batch_paid"] += len(paid)
+        self.stats["hedge_lost_batch_paid_prompt_tokens"] += usage.prompt_tokens
+        self.stats["hedge_lost_batch_paid_completion_tokens"] += usage.completion_tokens
+        if self.budget is not None and self.budget.prices is not None:
+            self.budget.spent += cost_usd(usage, self.budget.prices, batch=True)
+        log.info("provider batch %s billed %d turns the sync API had answered (%d prompt, "
+                 "%d completion tokens): added to the batch's spend", opened.id, len(paid),
+                 usage.prompt_tokens, usage.completion_tokens)
+
     async def _cancel(self, opened: _Open, why: str) -> None:
+        if opened.cancelled:
+            return
+        opened.cancelled = True
         self.stats["provider_batches_cancelled"] += 1
         log.info("cancelling provider batch %s: %s", opened.id, why)
         try:
@@ -354,11 +441,15 @@ class ProviderBatchTurns:
             if future is not None and not future.done():
                 future.set_result(item)
 
-    def _forget(self, cid: str) -> None:
+    def _forget(self, cid: str, *, lost: bool = False) -> None:
+        """Nobody waits on ``cid`` any more; ``lost``: the sync API answered it, so its item
+        is still read when its batch ends, for what the provider billed."""
         self._futures.pop(cid, None)
         opened = self._owner.pop(cid, None)
         if opened is not None:
             opened.wanted.discard(cid)
+            if lost:
+                opened.lost.add(cid)
 
     async def aclose(self) -> None:
         """Stop watching; cancel provider batches still open (nothing waits on them)."""
@@ -370,5 +461,8 @@ class ProviderBatchTurns:
         await asyncio.gather(*tasks, return_exceptions=True)
         for opened in still_open:
             await self._cancel(opened, "the batch has ended")
+        until = time.monotonic() + CLOSE_BILL_S
+        await asyncio.gather(*(self._pay_lost(o, until) for o in still_open),
+                             return_exceptions=True)
         self._open.clear()
         await self.client.aclose()
