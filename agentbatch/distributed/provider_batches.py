@@ -96,6 +96,7 @@ from agentbatch.core.errors import (
 from agentbatch.core.model_io import ModelRequest, ModelResponse, Usage
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.pricing import cost_usd
+from agentbatch.core.wait_for import wait_for
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.distributed.workers.batch_stats import BatchStats
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
@@ -750,7 +751,7 @@ class ProviderBatches:
         if stats is not None:
             await stats.settle()  # counted before the provider sees the cancel
         try:
-            await asyncio.wait_for(client.cancel(batch_id), timeout=60)
+            await wait_for(client.cancel(batch_id), timeout=60)
         except Exception as exc:
             log.warning("provider batch %s could not be cancelled: %s", batch_id, exc)
 

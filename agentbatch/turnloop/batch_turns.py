@@ -56,6 +56,7 @@ from agentbatch.core.errors import (
 )
 from agentbatch.core.model_io import ModelRequest, ModelResponse, Usage
 from agentbatch.core.pricing import cost_usd
+from agentbatch.core.wait_for import wait_for
 from agentbatch.metrics import record_hedge_loser_tokens
 from agentbatch.turnloop.batch_routing import (
     SAFETY_S,
@@ -431,7 +432,7 @@ class ProviderBatchTurns:
         self.stats["provider_batches_cancelled"] += 1
         log.info("cancelling provider batch %s: %s", opened.id, why)
         try:
-            await asyncio.wait_for(self.client.cancel(opened.id), timeout=60)
+            await wait_for(self.client.cancel(opened.id), timeout=60)
         except Exception as exc:
             log.warning("provider batch %s could not be cancelled: %s", opened.id, exc)
 
