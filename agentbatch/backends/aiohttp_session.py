@@ -37,6 +37,7 @@ class AiohttpSession:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests_sent = 0
+        self._last_timeout: aiohttp.ClientTimeout | None = None
 
     def session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -50,7 +51,13 @@ class AiohttpSession:
         return self._session
 
     def _timeout(self, timeout: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        """The (immutable) ``ClientTimeout``; the last one is kept: a batch's turns all
+        send the same ``timeout_s``, so it is not made again on every turn."""
+        last = self._last_timeout
+        if last is None or last.total != timeout:
+            last = self._last_timeout = aiohttp.ClientTimeout(
+                total=timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        return last
 
     def _unavailable(self, exc: BaseException) -> BackendUnavailable:
         detail = redact(f"{type(exc).__name__}: {exc}", self.secret)

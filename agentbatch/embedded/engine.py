@@ -107,13 +107,21 @@ class EmbeddedEngine:
             async with self.slots.slot(action.turns_left):
                 if self.budget is not None and (why := self.budget.refusal(state)):
                     return Abandoned("budget_exceeded", why)  # checked as the turn starts
-                with _busy(self.in_model, state.index):
+                # busy in a model call (what progress() reports), as ``_busy`` does, unrolled:
+                # a generator context manager on every turn cost more (issue 26 item 5)
+                self.in_model[state.index] = time.monotonic()
+                try:
                     if self.provider is not None:  # its latency feeds the routing
                         return await call_model(self.rt, state, action, early,
                                                 complete=self.provider.sync)
                     return await call_model(self.rt, state, action, early)
-        with _busy(self.in_tools, state.index):
+                finally:
+                    self.in_model.pop(state.index, None)
+        self.in_tools[state.index] = time.monotonic()  # busy in a tool round, likewise
+        try:
             return await run_tools(self.rt, state, action, early)  # type: ignore[arg-type]
+        finally:
+            self.in_tools.pop(state.index, None)
 
     async def _batch_turn(self, state: AgentState, action: CallModel, left: float) -> Event:
         """One turn through the provider batch API (no inference slot held while it waits),

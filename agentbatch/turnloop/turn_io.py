@@ -69,9 +69,13 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
     if json_tools:
         response = parse_reply(response, allow_tools=action.allow_tools, turn=state.steps + 1)
     if fitted.count is not None or fitted.usage is not None:
-        # one new Usage (what compaction spent, if anything, plus the reply's): every turn
-        usage = (_NOTHING if fitted.usage is None else fitted.usage) + response.usage
-        usage.prompt_count = fitted.count or response.usage.prompt_count
+        # One new Usage, made once (no attribute set after): what compaction spent, if
+        # anything, plus the reply's, and how the prompt was sized. This runs on every turn.
+        got, spent = response.usage, (_NOTHING if fitted.usage is None else fitted.usage)
+        usage = Usage(prompt_tokens=spent.prompt_tokens + got.prompt_tokens,
+                      cached_tokens=spent.cached_tokens + got.cached_tokens,
+                      completion_tokens=spent.completion_tokens + got.completion_tokens,
+                      prompt_count=fitted.count or got.prompt_count)
         response = response.model_copy(update={"usage": usage})
     record_reply(rt.backend.name, response)
     return ModelReplied(response, attempts=response.attempts)
