@@ -14,11 +14,9 @@ of them exists, so each forked child writes its values to files the metrics serv
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import Counter as _Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +66,9 @@ _metrics: Metrics | None = None
 # (metric, label values) -> its child. ``labels()`` sorts, validates and locks on every call,
 # about as much CPU as the rest of a turn's bookkeeping: the hot paths look children up here.
 _children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+# (tool_calls metric, tool): every tool counter's child made (``record_tool``), as bounded as
+# ``_children`` (ToolPool counts unknown tool names under one name)
+_tools_made: set[tuple[Any, str]] = set()
 
 
 def created() -> bool:
@@ -149,22 +150,35 @@ def _child(metric: Any, *values: str) -> Any:
 # --- recording: one call at each place where it happens -----------------------------------
 
 
-@contextlib.contextmanager
-def model_call(backend: str) -> Iterator[None]:
-    """Around one model call: in flight while it runs, its latency, and a failure's kind."""
-    m = metrics()
-    inflight = _child(m.model_inflight, backend)
-    inflight.inc()
-    start = time.monotonic()
-    try:
-        yield
-    except Exception as exc:
-        kind = str(getattr(exc, "kind", "internal"))
-        _child(m.turns, "failed", kind).inc()
-        raise
-    finally:
-        inflight.dec()
-        _child(m.model_latency, backend).observe(time.monotonic() - start)
+def model_call(backend: str) -> _ModelCall:
+    """``with model_call(backend):`` around one model call: in flight while it runs, its
+    latency, and a failure's kind (an ``Exception``; a cancellation is not a failure)."""
+    return _ModelCall(backend)
+
+
+class _ModelCall:
+    """``model_call``'s context manager, a plain class: a generator one cost more on every
+    turn (issue 26 item 5)."""
+
+    __slots__ = ("_backend", "_inflight", "_start")
+
+    def __init__(self, backend: str) -> None:
+        self._backend = backend
+
+    def __enter__(self) -> None:
+        self._inflight = _child(metrics().model_inflight, self._backend)
+        self._inflight.inc()
+        self._start = time.monotonic()
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        m = metrics()
+        try:
+            if isinstance(exc, Exception):
+                kind = str(getattr(exc, "kind", "internal"))
+                _child(m.turns, "failed", kind).inc()
+        finally:
+            self._inflight.dec()
+            _child(m.model_latency, self._backend).observe(time.monotonic() - self._start)
 
 
 def record_reply(backend: str, response: ModelResponse) -> None:
@@ -174,7 +188,9 @@ def record_reply(backend: str, response: ModelResponse) -> None:
     usage = response.usage
     for kind, n in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
                     ("completion", usage.completion_tokens)):
-        _child(m.tokens, kind).inc(max(n, 0))
+        tokens = _child(m.tokens, kind)  # the series exists from the first reply, at 0
+        if n > 0:
+            tokens.inc(n)
     if response.ttft_s is not None:
         _child(m.model_ttft, backend).observe(response.ttft_s)
 
@@ -188,9 +204,11 @@ def record_agent_end(state: AgentState) -> None:
 def record_tool(tool: str, counter: str, n: int = 1) -> None:
     """One of ToolPool's per-tool counters moved (``calls``, ``executions``, ...)."""
     m = metrics()
-    if counter == "calls":  # a tool's every counter exists from its first call (at 0)
+    if counter == "calls" and (m.tool_calls, tool) not in _tools_made:
+        # a tool's every counter exists from its first call (at 0)
         for other, labels in _TOOL_COUNTERS.values():
             _child(getattr(m, other), tool, *labels.values())
+        _tools_made.add((m.tool_calls, tool))
     name, extra = _TOOL_COUNTERS.get(counter, (None, {}))
     if name is not None:
         _child(getattr(m, name), tool, *extra.values()).inc(n)
