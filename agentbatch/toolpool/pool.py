@@ -47,6 +47,9 @@ from agentbatch.toolpool.sync_runner import run_sync
 
 __all__ = ["ToolPool", "to_text"]
 
+# ``asyncio.timeout`` (3.11+) bounds a call in its own task; a caller's cancel arriving with
+# the result is raised, not lost (the bug ``core/wait_for.py`` works around is wait_for's).
+_TIMEOUT = getattr(asyncio, "timeout", None)
 log = logging.getLogger(__name__)
 
 _UNKNOWN = "(unknown tool)"
@@ -196,6 +199,9 @@ class ToolPool:
             resolving = self._resolve(tool, key, args, ctx, state)
             if limit is None:
                 text, cached, shared = await resolving
+            elif _TIMEOUT is not None:  # 3.11+: the deadline on this task, no task of its own
+                async with _TIMEOUT(limit):  # (wait_for made one, and a future, per call)
+                    text, cached, shared = await resolving
             else:
                 text, cached, shared = await wait_for(resolving, limit)
         except asyncio.TimeoutError:
