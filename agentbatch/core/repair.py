@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
@@ -60,11 +61,8 @@ def extract_json(text: str | None) -> Any:
     if text is None or not text.strip():
         raise RepairError("the reply was empty")
     stripped = text.strip()
-    candidates: list[str] = [stripped]
-    candidates += [m.group(1).strip() for m in _FENCE.finditer(stripped)]
-    candidates += _balanced_spans(stripped)
     last_error = "no JSON object found in the reply"
-    for candidate in candidates:
+    for candidate in _candidates(stripped):
         if not candidate or candidate[0] not in "{[":
             continue
         try:
@@ -72,3 +70,13 @@ def extract_json(text: str | None) -> Any:
         except json.JSONDecodeError as exc:
             last_error = f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     raise RepairError(last_error)
+
+
+def _candidates(stripped: str) -> Iterator[str]:
+    """The reply itself, then each fenced block, then each balanced span, made only as
+    needed: a reply that is the JSON (nearly all) is not scanned char by char on every
+    final turn (issue 26 item 5)."""
+    yield stripped
+    for m in _FENCE.finditer(stripped):
+        yield m.group(1).strip()
+    yield from _balanced_spans(stripped)

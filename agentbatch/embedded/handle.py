@@ -23,6 +23,7 @@ from agentbatch.backends.setup import (
 )
 from agentbatch.core.budget import Budget, WorkEstimate
 from agentbatch.core.options import DEFAULT_MAX_INFLIGHT, BatchOptions
+from agentbatch.core.plan import BatchPlan
 from agentbatch.core.result_buffer import ResultBuffer
 from agentbatch.core.results import AgentResult
 from agentbatch.embedded.checkpoint import CheckpointStore, close_checkpoint, open_for_batch
@@ -41,6 +42,15 @@ from agentbatch.turnloop.validate import deadline_in
 
 log = logging.getLogger(__name__)
 _live: weakref.WeakSet[EmbeddedHandle] = weakref.WeakSet()
+
+
+async def _learn_context(backend: Backend, plan: BatchPlan) -> None:
+    """Ask the context every first turn needs (``context_fit``) before the fan-out, so the
+    agents' first turns go straight out instead of waiting on that one ask together (issue
+    26 item 5). Advisory: a failure here is met again, and handled, at the first turn."""
+    if plan.max_context_tokens is None:
+        with contextlib.suppress(Exception):
+            await backend.context_length()
 
 
 class EmbeddedHandle(BatchHandle):
@@ -79,6 +89,7 @@ class EmbeddedHandle(BatchHandle):
             provider = await self._provider_batches(backend)
             # all-batch turns do not go through the sync API whose prefix cache it warms
             if plan.warm_prefix and self.total > 1 and self.opts.pricing != "batch":
+                await _learn_context(backend, plan)
                 await warm_backend(backend, plan)
         except BaseException:
             if provider is not None:
