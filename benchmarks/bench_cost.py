@@ -21,8 +21,9 @@ Runs, one after the other on the same simulator: all-sync (``pricing="sync"``), 
 deadline. The three deadlines are set from the all-batch wall measured in this run
 (``--deadline-factors``): one all-batch meets easily, one tight, one all-batch misses.
 A run's misses at a deadline are its agents not finished by then (plus its provider batches
-still open at the end of the run, counted in ``provider_batches_open``). Cost is the sum of
-``cost_usd``; ratios are against all-sync measured in the same run.
+still open at the end of the run, counted in ``provider_batches_open``). Cost is the batch's
+spend (``progress().cost_usd``: its results' ``cost_usd`` plus provider batch answers paid
+for turns the sync API had already won); ratios are against all-sync measured in the same run.
 """
 
 from __future__ import annotations
@@ -84,13 +85,15 @@ def run_one(backend: str, agents: int, pricing: str, deadline_s: float | None,
     wall = time.monotonic() - started
     handle.join(timeout=timeout_s)  # its provider batches closed too
     stats = dict(handle.stats().get("provider_batch") or {})
+    spend = handle.progress().cost_usd
     handle.close()
     return {"pricing": pricing, "deadline_s": None if deadline_s is None else round(deadline_s, 2),
             "agents": agents, "ok": sum(r.ok for r in results),
             "errors": sorted({f"{r.error.kind}: {r.error.message}"[:200]
                               for r in results if r.error is not None})[:5],
             "turns": sum(r.turns for r in results),
-            "cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
+            "cost_usd": _paid(spend, results),
+            "results_cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
             "wall_s": round(wall, 2),
             "finish_s": {"p50": _q(finished, 0.5), "p90": _q(finished, 0.9),
                          "max": round(max(finished), 2) if finished else None},
@@ -122,6 +125,7 @@ def _run_distributed(backend: str, agents: int, opts: dict[str, Any], timeout_s:
         "provider_batch_fallback_sync"))
     turns = sum(r.turns for r in results)
     stats["served_batch"] = turns - served_sync if opts["pricing"] != "sync" else 0
+    spend = handle.progress().cost_usd
     handle.close()
     return {"pricing": opts["pricing"],
             "deadline_s": None if opts.get("deadline") is None else round(opts["deadline"], 2),
@@ -129,11 +133,21 @@ def _run_distributed(backend: str, agents: int, opts: dict[str, Any], timeout_s:
             "errors": sorted({f"{r.error.kind}: {r.error.message}"[:200]
                               for r in results if r.error is not None})[:5],
             "turns": turns,
-            "cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
+            "cost_usd": _paid(spend, results),
+            "results_cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
             "wall_s": round(wall, 2),
             "finish_s": {"p50": _q(finished, 0.5), "p90": _q(finished, 0.9),
                          "max": round(max(finished), 2) if finished else None},
             "provider_batch": stats, "_finished": finished}
+
+
+def _paid(spend: float | None, results: list[Any]) -> float:
+    """What the batch paid: its spend (``progress().cost_usd``), which also holds provider
+    batch answers to hedged turns the sync API had already won (paid, in no result); the
+    results' ``cost_usd`` summed if it has none."""
+    if spend is None:
+        return round(sum(r.cost_usd or 0.0 for r in results), 6)
+    return round(spend, 6)
 
 
 def _q(values: list[float], q: float) -> float | None:

@@ -90,3 +90,53 @@ def test_routed_sync_turns_fill_the_cap_too() -> None:
     for _ in range(3):  # three turns routed to the sync API, their requests out
         router.sync_path.joined()
     assert _due(router, range(WAITING)) == [0]
+
+
+def _open_router(age_s: float, ended_s: float = 20.0) -> Router:
+    """15 s before the deadline; the sync path one turn a second; ten ended provider
+    batches, each took ``ended_s``; five open batches of 4 turns, ``age_s`` old."""
+    opened = [(age_s, 4)] * 5
+    router = Router("batch", NOW + 15.0, total=100, clock=lambda: NOW, running=lambda: opened)
+    for _ in range(3):
+        router.sync_latency.add(1.0)
+    router.sync_path.done, router.sync_path.busy_s = 10.0, 10.0
+    for _ in range(10):
+        router.batch_latency.add(ended_s, 4)
+    return router
+
+
+def test_turns_on_course_do_not_pull_a_hedge_early() -> None:
+    """20 turns wait in batches 1 s old, and every batch seen took 20 s: by the latest hedge
+    time (12 s from now) none will have ended, so all 20 are counted as joining the hedge.
+    With the batches seen ending at 5 s, they will all have ended: none joins, and the
+    hedge is not pulled early by them."""
+    router = _open_router(1.0)
+    assert router.late_turns(12.0) == 20
+    at = router.hedge_at(NOW - 1.0, 1.0, 4, waiting=WAITING - 1, turn="a")
+    assert at is not None and at <= NOW  # 20 turns of 1 s sync work, 15 s left
+    quick = _open_router(1.0, ended_s=5.0)
+    assert quick.late_turns(12.0) == 0
+    at = quick.hedge_at(NOW - 1.0, 1.0, 4, waiting=WAITING - 1, turn="a")
+    assert at is not None and at > NOW + 10.0
+
+
+def test_late_turns_weighs_each_open_batch_by_its_chance_to_still_be_open() -> None:
+    """Ended batches took 2, 4, 6, 8 s, and the two open ones are censored at 3 and 7 s
+    (Kaplan-Meier: S = 5/6 from 2 s, 5/8 from 4 s, 5/12 from 6 s, 0 from 8 s). The batch 3 s
+    old is still open 2 s later with chance S(5)/S(3) = 0.75; the one 7 s old has ended by
+    9 s for sure (S(9) = 0)."""
+    router = Router("batch", NOW + 15.0, total=100, clock=lambda: NOW,
+                    running=lambda: [(3.0, 3), (7.0, 4)])
+    for t in (2.0, 4.0, 6.0, 8.0):
+        router.batch_latency.add(t, 4)
+    assert router.late_turns(0.0) == 7
+    assert router.late_turns(2.0) == 3  # ceil(3 x 0.75 + 4 x 0)
+    assert router.late_turns(10.0) == 0
+
+
+def test_late_turns_is_unknown_without_open_batches_and_all_before_any_ended() -> None:
+    router = Router("batch", NOW + 15.0, total=100, clock=lambda: NOW)
+    assert router.late_turns(5.0) is None
+    router = Router("batch", NOW + 15.0, total=100, clock=lambda: NOW,
+                    running=lambda: [(1.0, 4), (2.0, 3)])
+    assert router.late_turns(5.0) == 7
