@@ -22,6 +22,7 @@ import httpx
 from agentbatch.backends import limits
 from agentbatch.backends.http_errors import error_for_exception, error_for_status
 from agentbatch.core.errors import BackendTimeout, BadRequest
+from agentbatch.core.wait_for import wait_for
 
 CONNECT_TIMEOUT_S = 10.0
 # Below uvicorn's 5 s keep-alive default, so we rarely reuse a socket the server just closed.
@@ -125,7 +126,7 @@ class HttpSession:
                 await resp.aclose()
 
         try:
-            status, raw = await asyncio.wait_for(exchange(), timeout)
+            status, raw = await wait_for(exchange(), timeout)
         except asyncio.TimeoutError:
             raise BackendTimeout(f"{self.who}: no answer within {timeout:g}s") from None
         except httpx.HTTPError as exc:
@@ -178,7 +179,7 @@ class HttpSession:
     async def get_status(self, path: str, timeout: float) -> int | None:
         """The status of ``GET path``; None when the server does not answer at all."""
         try:
-            resp = await asyncio.wait_for(
+            resp = await wait_for(
                 self.client().get(self.base_url + path, timeout=self._per_op(timeout)), timeout
             )
         except (asyncio.TimeoutError, httpx.HTTPError):
@@ -188,7 +189,7 @@ class HttpSession:
     async def get_text(self, path: str, timeout: float) -> str | None:
         """The body of ``GET path`` when it answers 200; None otherwise (never raises)."""
         try:
-            resp = await asyncio.wait_for(
+            resp = await wait_for(
                 self.client().get(self.base_url + path, timeout=self._per_op(timeout)), timeout
             )
         except (asyncio.TimeoutError, httpx.HTTPError):

@@ -31,6 +31,7 @@ from agentbatch.backends.sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, T
 from agentbatch.backends.urls import OPENAI_HOST, BackendTarget, parse_backend_url
 from agentbatch.core.errors import BackendError, BackendTimeout, ServerError
 from agentbatch.core.model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
+from agentbatch.core.wait_for import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ class OpenAICompatBackend(Backend):
             feed(decoder.flush())
 
         try:
-            await asyncio.wait_for(read(), timeout)
+            await wait_for(read(), timeout)
         except asyncio.TimeoutError:
             raise BackendTimeout(f"{self.name}: stream not finished within {timeout:g}s") from None
         if not assembler.done and assembler.finish_reason is None:
