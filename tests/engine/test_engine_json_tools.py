@@ -47,7 +47,11 @@ def _check_required(results: list[AgentResult], redis_url: str) -> None:
     answers within ``max_turns`` is the model's choice, which varies with how requests share
     the engine's batched slots (8/8 valid in most runs; one CI run failed the old bound of 7):
     an agent that kept calling ends ``max_turns`` (or ``invalid_output``), never ok without
-    its tool result."""
+    its tool result. An agent's forced call can itself go wrong: SmolLM2 looped inside its
+    arguments, the loop guard stopped the stream, and the cut reply was refused as "not a tool
+    call" until the agent ended ``invalid_output`` having called nothing (3 of 8 agents, in
+    CI and in 2 of 7 runs of this file here). So an agent without a call must have been
+    refused for that, never answered."""
     valid = [r for r in results if r.ok and isinstance(r.output, PriceReport)]
     client = redis.from_url(redis_url)
     keys = client.keys("test:exec:price:a:*")
@@ -60,7 +64,12 @@ def _check_required(results: list[AgentResult], redis_url: str) -> None:
     assert all(any(c.name == "price" and c.ok for c in r.tool_calls)
                for r in results if r.ok)
     assert all(e is not None and e.kind in ("max_turns", "invalid_output") for e in errors), errors
-    assert runs == len(keys) and calls >= len(results)  # every agent called before anything
+    assert runs == len(keys)  # one execution per distinct call
+    for r in results:  # an agent that never called was refused for it, and did not answer
+        if not any(c.name == "price" for c in r.tool_calls):
+            print(f"agent {r.index} never called: {r.error}; its last reply: {r.text!r:.300}")
+            assert r.error is not None and r.error.kind == "invalid_output", r
+            assert "a tool call is required" in r.error.message, r.error
 
 
 def _check(results: list[AgentResult], redis_url: str) -> None:
