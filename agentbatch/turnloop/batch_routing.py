@@ -106,6 +106,22 @@ class SyncThroughput:
         return (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * max(latency, 1e-3))
 
 
+@dataclass(frozen=True)
+class Survival:
+    """Kaplan-Meier steps: ``surviving[i]`` is the share of batches still open just after
+    ``times[i]`` (the ended latencies, ascending, a tied end repeated); ``last`` is the
+    latest time seen, ended or open (None: nothing seen)."""
+
+    times: list[float]
+    surviving: list[float]
+    last: float | None
+
+    def at(self, t: float) -> float:
+        """The share of batches still open ``t`` seconds after submission."""
+        i = bisect.bisect_right(self.times, t) - 1
+        return 1.0 if i < 0 else self.surviving[i]
+
+
 @dataclass
 class Latencies:
     """Observed seconds, each with the number of turns it was measured over (a provider batch
@@ -131,22 +147,38 @@ class Latencies:
         """The samples measured over at least ``at_least`` turns."""
         return [s for s, n in zip(self.samples, self.sizes, strict=True) if n >= at_least]
 
+    def survival(self, running: Iterable[tuple[float, int]] = (),
+                 at_least: float | None = None) -> Survival:
+        """The Kaplan-Meier survival of the samples (measured over at least ``at_least``
+        turns; None: all), the open batches ``running`` (age, turns) censored at their age:
+        what ``quantile`` and ``Router.late_turns`` both read, built in one place."""
+        if at_least is None:
+            ended, ages = self.samples, [age for age, _ in running]
+        else:
+            ended = self.of_size(at_least)
+            ages = [age for age, n in running if n >= at_least]
+        events = sorted([(t, True) for t in ended] + [(t, False) for t in ages])
+        times: list[float] = []
+        surviving: list[float] = []
+        at_risk, left = len(events), 1.0
+        # ties: (t, False) sorts first, so a batch open at an ended one's age is censored
+        # before that end is counted (it is not at risk there)
+        for t, done in events:
+            if done:
+                left *= 1.0 - 1.0 / at_risk
+                times.append(t)
+                surviving.append(left)
+            at_risk -= 1
+        return Survival(times, surviving, events[-1][0] if events else None)
+
     def quantile(self, q: float, at_least: float = 0,
                  running: Iterable[tuple[float, int]] = (), *,
                  bound: bool = False) -> float | None:
-        ended = self.of_size(at_least)
-        ages = [age for age, n in running if n >= at_least]
-        if not ended and not ages:
-            return None
-        events = sorted([(t, True) for t in ended] + [(t, False) for t in ages])
-        at_risk, surviving = len(events), 1.0
-        for t, done in events:  # ties: an end before a censoring at the same age
-            if done:
-                surviving *= 1.0 - 1.0 / at_risk
-                if surviving <= 1.0 - q + 1e-12:
-                    return t
-            at_risk -= 1
-        return events[-1][0] if bound else None
+        curve = self.survival(running, at_least)
+        for t, left in zip(curve.times, curve.surviving, strict=True):
+            if left <= 1.0 - q + 1e-12:
+                return t
+        return curve.last if bound else None
 
 
 def _no_open() -> Iterable[tuple[float, int]]:
@@ -175,8 +207,8 @@ class Router:
         self._quantiles: dict[tuple[float, float, bool], tuple[float, float | None]] = {}
         self._granted: deque[float] = deque()  # hedges decided, request not started (when)
         self._capped: set[Hashable] = set()  # the turns a due hedge was refused (counted)
-        # late_turns' inputs, kept CACHE_S: (when, open batches, survival steps, counts)
-        self._late: tuple[float, list[tuple[float, int]], list[float], list[float],
+        # late_turns' inputs, kept CACHE_S: (when, open batches, their survival, counts)
+        self._late: tuple[float, list[tuple[float, int]], Survival,
                           dict[float, int]] | None = None
 
     def quantile(self, q: float, at_least: float = 0, *, bound: bool = False) -> float | None:
@@ -332,33 +364,17 @@ class Router:
         key = round(within * 2) / 2  # turns with the same hedge horizon share the count
         if self._late is None or now - self._late[0] >= CACHE_S:
             opened = list(self.running())
-            events = sorted([(t, True) for t in self.batch_latency.samples]
-                            + [(age, False) for age, _ in opened])
-            times: list[float] = []
-            surviving: list[float] = []
-            at_risk, left = len(events), 1.0
-            for t, ended in events:  # ties: an end before a censoring at the same age
-                if ended:
-                    left *= 1.0 - 1.0 / at_risk
-                    times.append(t)
-                    surviving.append(left)
-                at_risk -= 1
-            self._late = (now, opened, times, surviving, {})
-        _, opened, times, surviving, counted = self._late
+            self._late = (now, opened, self.batch_latency.survival(opened), {})
+        _, opened, curve, counted = self._late
         if not opened:
             return None
-        if not times:
+        if not curve.times:
             return sum(n for _, n in opened)
         if key not in counted:
-
-            def survival(t: float) -> float:
-                i = bisect.bisect_right(times, t) - 1
-                return 1.0 if i < 0 else surviving[i]
-
             expected = 0.0
             for age, n in opened:
-                now_open = survival(age)
-                expected += n * (survival(age + key) / now_open if now_open > 0 else 1.0)
+                now_open = curve.at(age)
+                expected += n * (curve.at(age + key) / now_open if now_open > 0 else 1.0)
             counted[key] = math.ceil(expected - 1e-9)
         return counted[key]
 
