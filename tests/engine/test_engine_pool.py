@@ -28,7 +28,7 @@ from agentbatch.core.tool_context import ToolContext
 from agentbatch.engine import EnginePaths, LlamaServer
 from tests.support.engine_pool import pick_batch as support_pick_batch
 from tests.support.engine_pool import server_pair
-from tests.support.engine_pool import wait_until as support_wait_until
+from tests.support.waits import wait_until as support_wait_until
 
 pytestmark = pytest.mark.engine
 

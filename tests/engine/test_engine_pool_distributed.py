@@ -27,8 +27,8 @@ from agentbatch.engine import EnginePaths, LlamaServer
 from tests.engine.pool_gate import GATE_ENV, Note, hold_gate
 from tests.support.engine_pool import pick_batch as support_pick_batch
 from tests.support.engine_pool import server_pair
-from tests.support.engine_pool import wait_until as support_wait_until
 from tests.support.scratch import scratch_dir
+from tests.support.waits import wait_until as support_wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

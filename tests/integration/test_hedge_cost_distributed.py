@@ -11,7 +11,6 @@ replies' tokens plus exactly those, and the spend the same sum. No timing is ass
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from tests.integration.test_hedge_cost_embedded import MODEL, PRICES, usage_sum
 from tests.integration.test_pool_hedge_distributed import AGENTS, TASK, TOOL_CALLS, WAIT_S
 from tests.support.sim_pool import slow_pool
 from tests.support.tools import Answer, lookup
+from tests.support.waits import poll_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -57,19 +57,19 @@ def test_hedge_losers_tokens_are_in_cost_usd_and_the_fleet_spend(
     assert all(r.ok and r.turns == TOOL_CALLS + 1 for r in results), \
         [r.error for r in results if not r.ok][:3]
 
+    def settled(counts: dict[str, Any]) -> bool:
+        paid, replies, losers = accounts(results, counts)
+        return losers > 0 and paid == pytest.approx(replies + losers, rel=1e-9)
+
+    def unsettled(counts: dict[str, Any]) -> str:
+        paid, replies, losers = accounts(results, counts)
+        return (f"results paid ${paid!r}, their replies ${replies!r} + the hedges' losers "
+                f"${losers!r}; counters { {k: v for k, v in counts.items() if 'hedge' in k} }")
+
     # the workers write their hedge counters in the background (batch_stats): wait, with a
     # deadline, until the settled hedges' loser tokens are all on the batch
-    deadline = time.monotonic() + 60
-    while True:
-        counts = handle.status()
-        paid, replies, losers = accounts(results, counts)
-        if losers > 0 and paid == pytest.approx(replies + losers, rel=1e-9):
-            break
-        if time.monotonic() > deadline:
-            raise AssertionError(f"results paid ${paid!r}, their replies ${replies!r} + the "
-                                 f"hedges' losers ${losers!r}; counters "
-                                 f"{ {k: v for k, v in counts.items() if 'hedge' in k} }")
-        time.sleep(0.2)
+    counts: dict[str, Any] = poll_until(handle.status, settled, unsettled, timeout=60)
+    paid = accounts(results, counts)[0]
 
     assert counts.get("stat:hedges", 0) >= 1 and counts["stat:hedge_loser_prompt_tokens"] > 0
     over = [r for r in results if (r.cost_usd or 0.0) > cost_usd(r.usage, PRICES) * (1 + 1e-9)]

@@ -13,7 +13,7 @@ more, no less. Sums and counts only, never timings.
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import pytest
 
@@ -23,8 +23,14 @@ from tests.integration.test_hedge_lost_batch_paid import WAIT_S, N, submit
 from tests.integration.test_hedge_lost_batch_paid import sim as sim  # the fixture
 from tests.support.batch_bill import billed_batch, charged_usd, sim_stats
 from tests.support.provider_batch import MODEL, PRICES
+from tests.support.waits import poll_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def requests_billed(sim_said: dict[str, Any]) -> int:
+    """The batch requests the simulator billed for ``MODEL``."""
+    return int(sim_said["batch_billed"].get(MODEL, {}).get("requests", 0))
 
 
 def test_a_hedged_turns_batch_answer_the_provider_billed_is_in_the_fleet_spend(
@@ -37,20 +43,24 @@ def test_a_hedged_turns_batch_answer_the_provider_billed_is_in_the_fleet_spend(
     for r in results:  # every result was answered by the sync API and priced so
         assert r.cost_usd == pytest.approx(cost_usd(r.usage, PRICES[MODEL]))
 
+    def read() -> tuple[dict[str, int], dict[str, Any]]:
+        return handle.status(), sim_stats(sim.url)
+
+    def on_the_batch(seen: tuple[dict[str, int], dict[str, Any]]) -> bool:
+        counts, sim_said = seen
+        billed = requests_billed(sim_said)
+        return bool(billed) and counts.get("stat:hedge_lost_batch_paid", 0) >= billed
+
+    def not_yet(seen: tuple[dict[str, int], dict[str, Any]]) -> str:
+        counts, sim_said = seen
+        return (f"the sim billed {sim_said['batch_billed']}; the batch counted "
+                f"{ {k: v for k, v in counts.items() if 'lost' in k} }, spend "
+                f"{handle.progress().cost_usd}")
+
     # the provider batch is cancelled once its turns all have their sync answer, and read
     # when it has ended: wait (with a deadline) until its bill is on the batch
-    stop = time.monotonic() + 60
-    while True:
-        counts = handle.status()
-        sim_said = sim_stats(sim.url)
-        billed = sim_said["batch_billed"].get(MODEL, {}).get("requests", 0)
-        if billed and counts.get("stat:hedge_lost_batch_paid", 0) >= billed:
-            break
-        if time.monotonic() > stop:
-            raise AssertionError(f"the sim billed {sim_said['batch_billed']}; the batch "
-                                 f"counted { {k: v for k, v in counts.items() if 'lost' in k} }"
-                                 f", spend {handle.progress().cost_usd}")
-        time.sleep(0.2)
+    counts, sim_said = poll_until(read, on_the_batch, not_yet, timeout=60)
+    billed = requests_billed(sim_said)
 
     assert counts["stat:hedge_won_by_sync"] == N, counts
     assert "stat:hedge_won_by_batch" not in counts

@@ -4,8 +4,7 @@ id that homes their agents on both: the setup ``test_engine_pool.py`` and
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from agentbatch.backends.pool import EndpointPool
@@ -43,13 +42,3 @@ def pick_batch(urls: list[str], b_url: str, agents: int, prefix: str
         if len(on_b) >= 2 and on_a:
             return batch_id, on_a, on_b
     raise AssertionError("no batch id homes agents on both servers")
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float,
-               poll_s: float = 0.2) -> None:
-    """Poll ``predicate`` until true; ``AssertionError`` naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(poll_s)
