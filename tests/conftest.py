@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,17 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushdb()
     yield redis_server.url
     client.close()
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[Any]:
+    """agentbatch's asyncio client (``async_client``, what workers use) on ``redis_url``'s
+    clean database; closed after the test."""
+    from agentbatch.distributed.state.connection import async_client
+
+    client = async_client(redis_url)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture

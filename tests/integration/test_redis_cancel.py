@@ -14,31 +14,22 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from agentbatch.distributed.state.connection import async_client
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.semaphore import RedisSemaphore
 
 pytestmark = [pytest.mark.redis]
 
 
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[Any]:
-    r = async_client(redis_url)
-    yield r
-    await r.aclose()
-
-
 async def test_a_cancel_that_lands_while_a_command_is_sent_is_never_swallowed(
-        client: Any) -> None:
-    await client.set("k", "v")
+        redis_client: Any) -> None:
+    await redis_client.set("k", "v")
     lost = 0
     for _ in range(1500):
-        task = asyncio.ensure_future(client.get("k"))
+        task = asyncio.ensure_future(redis_client.get("k"))
         for _ in range(random.randint(0, 3)):  # land the cancel anywhere in the send
             await asyncio.sleep(0)
         if not task.cancel():
@@ -46,25 +37,25 @@ async def test_a_cancel_that_lands_while_a_command_is_sent_is_never_swallowed(
         await asyncio.gather(task, return_exceptions=True)
         lost += not task.cancelled()
     assert lost == 0
-    assert await client.get("k") == "v"  # no reply was left behind for the next command
+    assert await redis_client.get("k") == "v"  # no reply was left behind for the next command
 
 
-async def test_a_cancelled_slot_waiter_stops_and_takes_no_slot(client: Any) -> None:
+async def test_a_cancelled_slot_waiter_stops_and_takes_no_slot(redis_client: Any) -> None:
     async def wait_for_slot(s: RedisSemaphore) -> None:
         async with s.slot(holder="waiter", priority=0, deadline=time.monotonic() + 30,
                           keep=True):
             pass
 
     for _ in range(60):
-        s = RedisSemaphore(client, Scripts(client), f"cancel-{uuid.uuid4().hex[:8]}", 1)
+        s = RedisSemaphore(redis_client, Scripts(redis_client), f"cancel-{uuid.uuid4().hex[:8]}", 1)
         assert await s.try_acquire("holder")
         task = asyncio.ensure_future(wait_for_slot(s))
         stop = time.monotonic() + 10
-        while await client.zcard(s.wait_key) != 1:
+        while await redis_client.zcard(s.wait_key) != 1:
             assert time.monotonic() < stop, "the waiter never queued"
         await asyncio.sleep(random.uniform(0, 0.003))
         task.cancel()
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
         assert task.cancelled()
-        assert await client.zrange(s.key, 0, -1) == ["holder"]
-        assert await client.zcard(s.wait_key) == 0
+        assert await redis_client.zrange(s.key, 0, -1) == ["holder"]
+        assert await redis_client.zcard(s.wait_key) == 0
