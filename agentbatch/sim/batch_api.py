@@ -10,6 +10,7 @@ Anthropic: ``POST /v1/messages/batches``, ``GET .../{id}``, ``POST .../{id}/canc
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections import Counter
@@ -65,6 +66,27 @@ class BatchApiState:
             if row["requests"]:
                 out[model] = {k: int(row[k])
                               for k in ("requests", "prompt_tokens", "completion_tokens")}
+        return out
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Every job's timeline as decided at its creation (``time.monotonic()`` seconds, the
+        host's clock): ``created``, ``cancelled``, ``end`` (when its last request finishes
+        on its own, cancelled or not; None if one is held) and per request ``custom_id``,
+        ``ready`` (when it finishes; None: held), ``fail`` and its tokens. The ground truth a
+        benchmark reads: a client that cancelled a batch or won a hedge never sees when the
+        batch would have answered (``/sim/batch_jobs``)."""
+        out = []
+        for job in self.jobs.values():
+            ready = [None if math.isinf(i.ready_at) else i.ready_at for i in job.items]
+            last = max((i.ready_at for i in job.items), default=job.created)
+            out.append({
+                "id": job.id, "kind": job.kind, "created": job.created,
+                "cancelled": job.cancelled, "expires": job.expires,
+                "end": None if math.isinf(last) else last,
+                "items": [{"custom_id": i.custom_id, "ready": r, "fail": i.fail,
+                           "prompt_tokens": i.prompt_tokens,
+                           "completion_tokens": i.completion_tokens}
+                          for i, r in zip(job.items, ready, strict=True)]})
         return out
 
     def reset_billed(self) -> None:

@@ -374,6 +374,12 @@ async def sim_stats(request: web.Request) -> web.Response:
     return web.json_response(stats, dumps=json.dumps)
 
 
+async def sim_batch_jobs(request: web.Request) -> web.Response:
+    """Every provider batch's timeline as the simulator decided it
+    (``BatchApiState.timeline``)."""
+    return web.json_response(request.app[BATCH_API].timeline(), dumps=json.dumps)
+
+
 async def sim_reset(request: web.Request) -> web.Response:
     request.app[STATE].reset()
     request.app[BATCH_API].reset_billed()

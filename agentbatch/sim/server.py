@@ -34,6 +34,7 @@ def build_app(config: SimConfig | None = None) -> web.Application:
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/sim/stats", handlers.sim_stats)
     app.router.add_post("/sim/reset", handlers.sim_reset)
+    app.router.add_get("/sim/batch_jobs", handlers.sim_batch_jobs)
     batch_api.install(app, state.config)  # OpenAI files + batches, Anthropic batches
 
     async def start_engine(app: web.Application) -> None:
