@@ -26,10 +26,15 @@ has ended (a cancelled one is polled until the provider says it has), and its it
 with the others'. An answer there was paid at the batch prices: it is added to the batch's
 ``spend`` in Redis (which the claims' ``max_cost_usd`` check and ``progress()`` read) and
 counted (``stat:hedge_lost_batch_paid``, ``stat:hedge_lost_batch_paid_prompt_tokens`` /
-``_completion_tokens``), in one atomic script (``PAY_LOST``). It is in no result's
+``_completion_tokens``), in one atomic script (``lua/pay_lost.lua``). It is in no result's
 ``cost_usd``: the agent has moved on, and may have ended. A request not completed when its
-batch was cancelled was not paid. What a worker stopped or killed before its provider batch
-ended would have read is not known (``stat:hedge_won_by_sync`` bounds it).
+batch was cancelled was not paid. A provider batch polled only for that bill (nobody here
+waits on its turns) is polled until the later of its batches' deadline and ``CLOSE_BILL_S``
+from then (the embedded engine's bound, ``batch_turns._pay_lost``), not until the provider's
+24 h expiry: one whose cancel is stuck, or that runs on, is then given up, with a warning and
+``stat:hedge_lost_batch_unknown`` (its turns whose bill is not known), as is one whose items
+could not be read. What a worker stopped or killed before its provider batch ended would have
+read is not known (``stat:hedge_won_by_sync`` bounds it).
 
 Routing and hedge counts go through the worker's background counters (``BatchStats``: one
 transaction per flush, not a round trip per event); those that must be on the batch before
@@ -73,7 +78,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import (
@@ -101,6 +106,7 @@ from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.distributed.workers.batch_stats import BatchStats
 from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
 from agentbatch.turnloop.batch_turns import (
+    CLOSE_BILL_S,
     MAX_POLL_S,
     MAX_WAIT_S,
     POLL_S,
@@ -119,18 +125,6 @@ LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this of
 SHARED_LATENCIES = 200  # the provider batch latencies a batch keeps for the fleet (newest)
 
 Hedge = Callable[[], Awaitable[ModelResponse]]  # the turn's request on the sync API
-
-# What a provider batch billed for turns the sync API answered, on one batch's meta, unless
-# the batch is gone: spend (when priced) and the counts, in one atomic step.
-# KEYS: meta   ARGV: spend ('' = not priced), turns, prompt tokens, completion tokens
-PAY_LOST = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[1] ~= '' then redis.call('HINCRBYFLOAT', KEYS[1], 'spend', ARGV[1]) end
-redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid_prompt_tokens', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'stat:hedge_lost_batch_paid_completion_tokens', ARGV[4])
-return 1
-"""
 
 Note = Callable[[str, str, int], Awaitable[None]]  # (batch id, stat, n)
 
@@ -171,11 +165,13 @@ class _Turn:
 
 @dataclass
 class _Lost:
-    """A turn the sync API answered whose provider batch may still bill it: its batch and
-    the batch model's prices (None: not priced)."""
+    """A turn the sync API answered whose provider batch may still bill it: its batch, the
+    batch model's prices (None: not priced) and the batch's deadline (Redis clock; None:
+    none), which bounds how long its provider batch is polled for the bill."""
 
     store: BatchStore
     prices: dict[str, float] | None
+    deadline: float | None = None
 
 
 @dataclass
@@ -226,7 +222,7 @@ class ProviderBatches:
         # provider batch id -> custom id -> a turn the sync API answered (``_pay_lost``)
         self._lost: dict[str, dict[str, _Lost]] = {}
         self._prices: dict[str, dict[str, float] | None] = {}  # batch id -> model's prices
-        self._pay_script: Any = None
+        self._deadlines: dict[str, float | None] = {}  # batch id -> its deadline_at
 
     def _stats(self, store: BatchStore) -> BatchStats:
         """The background counters (made on first use from the batch's Redis client: every
@@ -384,6 +380,7 @@ class ProviderBatches:
         lane = self._lanes[key]
         cid = custom_id(plan.batch_id, index, version)
         self._prices[plan.batch_id] = (plan.prices or {}).get(plan.model)
+        self._deadlines[plan.batch_id] = plan.deadline_at
         router = await self.router_for(plan, store)
         future = self._futures.get(cid)
         if future is None or future.done():
@@ -482,7 +479,7 @@ class ProviderBatches:
                 self._submitted[pb].answered_sync.add(cid)
             if pb is not None and pb in self._watchers:  # its item is read when pb ends
                 self._lost.setdefault(pb, {})[cid] = _Lost(
-                    store, (plan.prices or {}).get(plan.model))
+                    store, (plan.prices or {}).get(plan.model), plan.deadline_at)
             for wanted in self._wanted.values():
                 wanted.discard(cid)  # the batch's answer, if it comes, is dropped
             response = await sync  # a failed batch item: the sync answer (or its error)
@@ -562,7 +559,8 @@ class ProviderBatches:
             if self._futures.get(cid) is not turn.future:  # answered (a hedge won) while
                 self._wanted[state.id].discard(cid)  # the submit was under way: maybe billed
                 self._lost.setdefault(state.id, {})[cid] = _Lost(
-                    turn.store, self._prices.get(turn.store.batch_id))
+                    turn.store, self._prices.get(turn.store.batch_id),
+                    self._deadlines.get(turn.store.batch_id))
 
     @staticmethod
     async def _count_submit(per_batch: dict[str, list[_Turn]]) -> None:
@@ -630,14 +628,18 @@ class ProviderBatches:
         that nobody waits on any more before it ends is cancelled at the provider when every
         agentbatch batch it holds turns of was cancelled, or when the sync API answered all
         its turns (hedges won); not when a worker is stopping: the turns it leaves are
-        re-sent, and wait on it again elsewhere."""
+        re-sent, and wait on it again elsewhere. Polled on for the bill of turns the sync API
+        answered only, it is given up at ``_bill_until`` (``_bill_unknown``)."""
         delay = POLL_S
         polled_from = time.monotonic()
         ended = cancelled = False
+        give_up: float | None = None  # Redis clock: while polled only for the bill
         try:
             while True:
                 wanted = sorted(self._wanted.get(batch_id, ()))
-                if not wanted:
+                if wanted:
+                    give_up = None
+                else:
                     sub = self._submitted.get(batch_id)
                     hedged = sub is not None and bool(sub.members) \
                         and sub.members <= sub.answered_sync
@@ -650,12 +652,24 @@ class ProviderBatches:
                             sub.size = None  # observe, nothing running for the routers
                     if ended or not self._lost.get(batch_id):
                         return
-                    # turns the sync API answered: polled on until it has ended, for its bill
+                    # turns the sync API answered: polled on until it has ended, for its
+                    # bill, within a bound
+                    if give_up is None:
+                        give_up = self._bill_until(batch_id)
+                    if redis_clock() >= give_up:
+                        await self._bill_unknown(batch_id, self._lost.pop(batch_id, {}),
+                                                 "it had not ended by the later of its "
+                                                 "batches' deadline and "
+                                                 f"{CLOSE_BILL_S:g}s after no turn here "
+                                                 "waited on it")
+                        return
                 state = None
                 with contextlib.suppress(BackendError):
                     state = await client.state(batch_id)
                 if state is None or not state.ended:
-                    await asyncio.sleep(delay)
+                    wait = delay if give_up is None else \
+                        min(delay, max(give_up - redis_clock(), 0.01))
+                    await asyncio.sleep(wait)
                     # every POLL_SHARE of the batch's age (an answer is seen ~10% late, not
                     # up to 50% as with a 1.5x backoff), within POLL_S..MAX_POLL_S
                     age = time.monotonic() - polled_from
@@ -672,9 +686,9 @@ class ProviderBatches:
                         "server_error", f"provider batch {batch_id} ({state.status}): {exc}"))
                         for cid in wanted}
                     if lost:
-                        log.warning("provider batch %s: its items for %d turns the sync API "
-                                    "answered could not be read (%s); what they were billed "
-                                    "is not known", batch_id, len(lost), exc)
+                        await self._bill_unknown(batch_id, lost,
+                                                 f"its items could not be read ({exc})")
+                        lost = {}
                 await self._pay_lost(batch_id, lost, {
                     cid: found.pop(cid) for cid in lost if cid in found})
                 failed = sum(not item.ok for item in found.values())
@@ -690,12 +704,38 @@ class ProviderBatches:
             self._submitted.pop(batch_id, None)
             self._lost.pop(batch_id, None)
 
+    def _bill_until(self, batch_id: str) -> float:
+        """Until when (Redis clock) a provider batch nobody here waits on is polled for the
+        bill of its turns the sync API answered: the later of their batches' deadline and
+        ``CLOSE_BILL_S`` from now, as the embedded engine waits (``batch_turns``). A cancel
+        takes effect at once (the simulator) or within minutes (OpenAI); one stuck, or a
+        provider batch left running, is not polled until the provider's 24 h expiry."""
+        deadlines = [lost.deadline for lost in self._lost.get(batch_id, {}).values()
+                     if lost.deadline is not None]
+        return max([redis_clock() + CLOSE_BILL_S, *deadlines])
+
+    async def _bill_unknown(self, batch_id: str, lost: dict[str, _Lost], why: str) -> None:
+        """What provider batch ``batch_id`` billed for ``lost`` turns (the sync API answered
+        them) is not known: said, and counted per agentbatch batch
+        (``stat:hedge_lost_batch_unknown``), never silent."""
+        if not lost:
+            return
+        log.warning("provider batch %s: given up on its bill: %s; what it bills for %d turns "
+                    "the sync API answered is not known (stat:hedge_lost_batch_unknown)",
+                    batch_id, why, len(lost))
+        for owner, n in Counter(turn.store.batch_id for turn in lost.values()).items():
+            try:
+                await self.note(owner, "hedge_lost_batch_unknown", n)
+            except Exception:
+                log.warning("batch %s: could not count %d turns whose provider batch bill is "
+                            "not known", owner, n, exc_info=True)
+
     async def _pay_lost(self, batch_id: str, lost: dict[str, _Lost],
                         found: dict[str, ItemResult]) -> None:
         """The items of turns the sync API answered, read when their provider batch ended:
         an answered one was billed at the batch prices. Per agentbatch batch, its cost is
-        added to meta's ``spend`` and counted (``PAY_LOST``, atomic, at once: the next
-        claim's cap check sees it); in no result's ``cost_usd``."""
+        added to meta's ``spend`` and counted (``lua/pay_lost.lua``, atomic, at once: the
+        next claim's cap check sees it); in no result's ``cost_usd``."""
         per_batch: dict[str, tuple[_Lost, list[Usage]]] = {}
         for cid, item in found.items():
             turn = lost.get(cid)
@@ -707,11 +747,8 @@ class ProviderBatches:
             spend = "" if turn.prices is None else \
                 repr(cost_usd(usage, turn.prices, batch=True))
             try:
-                if self._pay_script is None:
-                    self._pay_script = turn.store.r.register_script(PAY_LOST)
-                await self._pay_script(keys=[turn.store.k.meta], args=[
-                    spend, len(usages), usage.prompt_tokens, usage.completion_tokens],
-                    client=turn.store.r)
+                await turn.store.s.pay_lost(keys=[turn.store.k.meta], args=[
+                    spend, len(usages), usage.prompt_tokens, usage.completion_tokens])
             except Exception:
                 log.warning("batch %s: provider batch %s billed %d turns the sync API had "
                             "answered; could not add it to the spend", owner, batch_id,

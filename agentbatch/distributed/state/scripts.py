@@ -19,7 +19,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "tool_finish",
          "sem_throttle", "sem_success",
          "note", "sem_renew", "rate_take", "park", "wake",
-         "cancel", "submit")
+         "cancel", "submit", "pay_lost")
 
 
 @cache
@@ -55,3 +55,4 @@ class Scripts:
     park: Any
     wake: Any
     cancel: Any
+    pay_lost: Any
