@@ -1,14 +1,17 @@
 """Several endpoints of one model as one ``Backend``: cache-aware routing with bounded load.
 
 An agent's turns share an ever-growing prefix, so sending them to the same server keeps its
-prefix cache hot. ``routing="affinity"`` (the default) gives each agent a home endpoint by
-rendezvous hashing of its key over the endpoint names (``affinity.rank``): every process
-computes the same home, so on the distributed engine any worker sends an agent's turn to the
-same server. A turn leaves its home only when the home is ejected or suspect (it just failed)
+prefix cache hot. ``routing="affinity"`` (the default) gives each agent a home endpoint: the
+one that served its last reply (``ModelResponse.endpoint``, kept in the agent's state and
+sent back as ``ModelRequest.cached_on``), which holds its conversation; for a first turn, the
+first of its rendezvous ranking over the endpoint names (``affinity.rank``). Both are the same
+on every process, so on the distributed engine any worker sends an agent's turn to the same
+server. A turn leaves its home only when the home is ejected or suspect (it just failed)
 or holds more than its share of requests in flight (``affinity.load_bound``: ``load_factor``
-times the mean, at least ``load_floor``); it then takes the agent's next choice in the same
+times the mean, at least ``load_floor``); it then takes the agent's next choice in its
 ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and told to each
-listener (``add_move_listener``).
+listener (``add_move_listener``). A moved agent stays where it moved: its conversation is
+there now.
 ``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
 
 An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
@@ -189,11 +192,14 @@ class EndpointPool(Backend):
             key=lambda i: (self._suspect(self._eps[i]), self._eps[i].outstanding, (i - start) % n),
         )
 
-    def _route(self, key: str) -> _Endpoint:
+    def _route(self, key: str, cached_on: str | None = None) -> _Endpoint:
         if not key or self.routing != "affinity":
             return self._eps[self._least_loaded()]
         healthy = set(self._healthy_indices())
         order = rank(key, self._names)
+        if cached_on in self._names:  # where its last turn ran: its conversation is cached
+            at = self._names.index(cached_on)
+            order = [at, *(i for i in order if i != at)]
         home = order[0]
         # The agent's ranking over admitted endpoints, suspect ones last (stable: still ranked).
         choices = sorted((i for i in order if i in healthy),
@@ -237,7 +243,7 @@ class EndpointPool(Backend):
         return {"load": self._moves["load"], "failover": self._moves["failover"]}
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        ep = self._route(request.agent_key)
+        ep = self._route(request.agent_key, request.cached_on)
         if self.hedger is None:
             return await self._attempt(ep, request)
         return await self.hedger.race(
@@ -280,7 +286,7 @@ class EndpointPool(Backend):
             ep.outstanding -= 1
         if not ep.ejected:
             ep.failures = 0
-        return response
+        return response.model_copy(update={"endpoint": ep.name})
 
     async def _watched(self, ep: _Endpoint, request: ModelRequest) -> ModelResponse:
         """``ep``'s answer, unless ``ep`` is ejected first: then ``BackendUnavailable`` at once,

@@ -46,6 +46,9 @@ class AgentState(BaseModel):
     # Tokens of hedged turns' losing requests: paid for (at the sync prices) but not in
     # ``usage``, which counts the replies the agent used. None until a hedge has lost.
     hedge_usage: Usage | None = None
+    # The pool endpoint that served the last reply: where the conversation is cached, so the
+    # next turn goes there on any process (``ModelRequest.cached_on``). None off a pool.
+    endpoint: str | None = None
     tool_log: list[ToolCallRecord] = Field(default_factory=list)
     text: str | None = None
     ttft_s: float | None = None  # time to first token of the first streamed model turn

@@ -102,6 +102,9 @@ class ModelRequest(BaseModel):
     temperature: float | None = None
     request_id: str = ""  # stable per (batch, agent, turn, attempt)
     agent_key: str = ""  # stable per agent: routing affinity / prefix locality
+    # The pool endpoint that served the agent's last reply, where its conversation is cached
+    # (``AgentState.endpoint``): an endpoint pool sends the turn there (``backends/pool.py``).
+    cached_on: str | None = None
     turns_left: int = 1  # scheduling hint (e.g. Dynamo agent_hints)
     # The deadline of the whole turn, every transport retry included.
     timeout_s: float | None = None
@@ -127,6 +130,9 @@ class ModelResponse(BaseModel):
     # A hedged turn's losing request (``backends/hedge.py``): tokens paid for but not part of
     # this reply, priced into the agent's ``cost_usd`` and the batch's spend at sync prices.
     hedge_usage: Usage | None = None
+    # The pool endpoint that answered (set by ``EndpointPool``): the agent's next turn goes
+    # there, where its conversation is now cached. None off a pool.
+    endpoint: str | None = None
 
     @model_validator(mode="after")
     def _unique_call_ids(self) -> ModelResponse:

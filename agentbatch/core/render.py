@@ -39,6 +39,7 @@ def build_request(plan: BatchPlan, state: AgentState, action: CallModel) -> Mode
         temperature=plan.temperature,
         request_id=f"{plan.batch_id}-{state.index}-v{state.version}",
         agent_key=f"{plan.batch_id}:{state.index}",
+        cached_on=state.endpoint,
         turns_left=action.turns_left,
         timeout_s=plan.timeout_per_turn,
     )

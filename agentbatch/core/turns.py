@@ -175,6 +175,8 @@ def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
         if event.response.hedge_usage is not None:  # a hedge's loser: paid, not replied
             state = state.model_copy(update={
                 "hedge_usage": (state.hedge_usage or Usage()) + event.response.hedge_usage})
+        if event.response.endpoint is not None and event.response.endpoint != state.endpoint:
+            state = state.model_copy(update={"endpoint": event.response.endpoint})
         return _model_replied(policy, state, event.response)
     if state.status is not AgentStatus.AWAITING_TOOLS:
         raise InvalidTransition(f"agent {state.index} is not waiting on tools")

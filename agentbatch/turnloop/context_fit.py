@@ -248,7 +248,8 @@ async def _summarize(rt: BatchRuntime, state: AgentState, older: list[Message],
         model=plan.model, messages=messages, max_tokens=max_tokens,
         temperature=plan.temperature,
         request_id=f"{plan.batch_id}-{state.index}-v{state.version}-summary",
-        agent_key=f"{plan.batch_id}:{state.index}", timeout_s=plan.timeout_per_turn,
+        agent_key=f"{plan.batch_id}:{state.index}", cached_on=state.endpoint,
+        timeout_s=plan.timeout_per_turn,
     )
     try:
         response = await rt.backend.complete(request)

@@ -125,7 +125,7 @@ class SlotAsk:
 
 
 # Top-level fields whose default is None: left out while None, and read back as None.
-_NONE_BY_DEFAULT = ("text", "ttft_s", "output", "error", "hedge_usage")
+_NONE_BY_DEFAULT = ("text", "ttft_s", "output", "error", "hedge_usage", "endpoint")
 
 
 def unset_fields(state: AgentState) -> set[str]:
