@@ -24,20 +24,26 @@ A run's misses at a deadline are its agents not finished by then (plus its provi
 still open at the end of the run, counted in ``provider_batches_open``). Cost is the batch's
 spend (``progress().cost_usd``: its results' ``cost_usd`` plus provider batch answers paid
 for turns the sync API had already won); ratios are against all-sync measured in the same run.
+Beside auto, per deadline, the clairvoyant bound (``cost_bound``): the cheapest routing that
+knew each turn's provider batch latency in advance, from the all-batch pass's timelines as
+the simulator decided them (``/sim/batch_jobs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from agentbatch import submit_batch
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
+from benchmarks import cost_bound
 from benchmarks.machine import machine_info, utc_now, write_json
 from tests.support.redis_server import RedisServer
 from tests.support.tools import Answer, lookup
@@ -87,17 +93,8 @@ def run_one(backend: str, agents: int, pricing: str, deadline_s: float | None,
     stats = dict(handle.stats().get("provider_batch") or {})
     spend = handle.progress().cost_usd
     handle.close()
-    return {"pricing": pricing, "deadline_s": None if deadline_s is None else round(deadline_s, 2),
-            "agents": agents, "ok": sum(r.ok for r in results),
-            "errors": sorted({f"{r.error.kind}: {r.error.message}"[:200]
-                              for r in results if r.error is not None})[:5],
-            "turns": sum(r.turns for r in results),
-            "cost_usd": _paid(spend, results),
-            "results_cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
-            "wall_s": round(wall, 2),
-            "finish_s": {"p50": _q(finished, 0.5), "p90": _q(finished, 0.9),
-                         "max": round(max(finished), 2) if finished else None},
-            "provider_batch": stats, "_finished": finished}
+    return _result(pricing, deadline_s, agents, results, finished, started, wall, spend,
+                   stats)
 
 
 def _run_distributed(backend: str, agents: int, opts: dict[str, Any], timeout_s: float,
@@ -127,18 +124,28 @@ def _run_distributed(backend: str, agents: int, opts: dict[str, Any], timeout_s:
     stats["served_batch"] = turns - served_sync if opts["pricing"] != "sync" else 0
     spend = handle.progress().cost_usd
     handle.close()
-    return {"pricing": opts["pricing"],
-            "deadline_s": None if opts.get("deadline") is None else round(opts["deadline"], 2),
+    return _result(opts["pricing"], opts.get("deadline"), agents, results, finished, started,
+                   wall, spend, stats)
+
+
+def _result(pricing: str, deadline_s: float | None, agents: int, results: list[Any],
+            finished: list[float], started: float, wall: float, spend: float | None,
+            stats: dict[str, Any]) -> dict[str, Any]:
+    """One run's record, the same on both engines. ``_``-keys stay out of the JSON: each
+    agent's finish (seconds from ``_started``, the submit on the monotonic clock) for the
+    misses and the clairvoyant bound."""
+    return {"pricing": pricing, "deadline_s": None if deadline_s is None else round(deadline_s, 2),
             "agents": agents, "ok": sum(r.ok for r in results),
             "errors": sorted({f"{r.error.kind}: {r.error.message}"[:200]
                               for r in results if r.error is not None})[:5],
-            "turns": turns,
+            "turns": sum(r.turns for r in results),
             "cost_usd": _paid(spend, results),
             "results_cost_usd": round(sum(r.cost_usd or 0.0 for r in results), 6),
             "wall_s": round(wall, 2),
             "finish_s": {"p50": _q(finished, 0.5), "p90": _q(finished, 0.9),
                          "max": round(max(finished), 2) if finished else None},
-            "provider_batch": stats, "_finished": finished}
+            "provider_batch": stats, "_finished": finished, "_started": started,
+            "_by_index": {r.index: t for r, t in zip(results, finished, strict=True)}}
 
 
 def _paid(spend: float | None, results: list[Any]) -> float:
@@ -183,6 +190,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             print("sync", _brief(sync), flush=True)
             batch = run_one(backend, args.agents, "batch", None, args.timeout, url)
             print("batch", _brief(batch), flush=True)
+            timeline = _get_json(f"{sim.url}/sim/batch_jobs")  # the all-batch pass's batches
             deadlines = {name: factor * batch["wall_s"] for name, factor
                          in zip(DEADLINE_NAMES, args.deadline_factors, strict=True)}
             autos = {}
@@ -194,9 +202,29 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             w.stop(timeout=30)
         if server is not None:
             server.cleanup()
+    agents = cost_bound.agent_turns(timeline, batch["_by_index"], batch["_started"])
+    # the measured sync turn: the all-sync pass's median agent finish over its turns
+    sync_turn_s = statistics.median(sync["_finished"]) * sync["agents"] / max(sync["turns"], 1)
+    prices = PRICES[MODEL]
+    clairvoyant: dict[str, Any] = {
+        "agents": len(agents), "agents_cut_by_hedge": sum(a.overhead_s is None
+                                                          for a in agents.values()),
+        "sync_turn_s": round(sync_turn_s, 3), "floor_sync_turn_s": args.sync_ms / 1000,
+        "batch_turn_s_p50": _q([t.batch_s for a in agents.values() for t in a.turns], 0.5),
+        "deadlines": {}}
     out: dict[str, Any] = {}
     for name, deadline in deadlines.items():
         auto = autos[name]
+        best = cost_bound.bound(agents, deadline, sync_turn_s, prices)
+        floor = cost_bound.bound(agents, deadline, args.sync_ms / 1000, prices, overhead_s=0.0)
+        clairvoyant["overhead_per_turn_s_p50"] = best["overhead_median_s"]
+        clairvoyant["all_sync_usd"] = best["all_sync_usd"]
+        clairvoyant["deadlines"][name] = {
+            "cost_over_sync": round(best["cost_usd"] / sync["cost_usd"], 4),
+            "late": best["late"], "sync_turns": best["sync_turns"],
+            "batch_misses_modelled": cost_bound.batch_misses(agents, deadline),
+            "floor_cost_over_sync": round(floor["cost_usd"] / sync["cost_usd"], 4),
+            "floor_late": floor["late"], "floor_sync_turns": floor["sync_turns"]}
         out[name] = {
             "deadline_s": round(deadline, 2),
             "deadline_over_batch_wall": round(deadline / batch["wall_s"], 3),
@@ -204,10 +232,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                        "auto": misses(auto, deadline)},
             "batch_wall_past_deadline": batch["wall_s"] > deadline,
             "auto_cost_over_sync": round(auto["cost_usd"] / sync["cost_usd"], 4),
+            "clairvoyant_cost_over_sync": clairvoyant["deadlines"][name]["cost_over_sync"],
             "batch_cost_over_sync": round(batch["cost_usd"] / sync["cost_usd"], 4),
             "auto": _public(auto),
         }
-    return {"runs": {"sync": _public(sync), "batch": _public(batch)}, "deadlines": out}
+    return {"runs": {"sync": _public(sync), "batch": _public(batch)}, "deadlines": out,
+            "clairvoyant": clairvoyant}
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as reply:
+        return json.load(reply)
 
 
 def _public(run: dict[str, Any]) -> dict[str, Any]:
@@ -242,20 +277,35 @@ def render(data: dict[str, Any]) -> str:
             f"wall {runs['sync']['wall_s']} s; all-batch (no deadline): "
             f"${runs['batch']['cost_usd']:.4f}, wall {runs['batch']['wall_s']} s.")
     lines = ["| deadline | s | x all-batch wall | misses sync | misses batch | misses auto "
-             "| auto cost / sync | batch cost / sync | auto wall s | auto turns sync / batch |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| auto cost / sync | clairvoyant cost / sync | batch cost / sync | auto wall s "
+             "| auto turns sync / batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in data["deadlines"].items():
         pb = d["auto"]["provider_batch"]
+        bound = d.get("clairvoyant_cost_over_sync")
         lines.append(
             f"| {name} | {d['deadline_s']} | {d['deadline_over_batch_wall']} | "
             f"{d['misses']['sync']} | {d['misses']['batch']} | {d['misses']['auto']} | "
-            f"{d['auto_cost_over_sync']:.3f} | {d['batch_cost_over_sync']:.3f} | "
+            f"{d['auto_cost_over_sync']:.3f} | {'-' if bound is None else f'{bound:.3f}'} | "
+            f"{d['batch_cost_over_sync']:.3f} | "
             f"{d['auto']['wall_s']} | {d['auto']['turns'] - pb.get('served_batch', 0)} / "
             f"{pb.get('served_batch', 0)} |")
     t = data["target"]
     verdict = (f"Target (deadline all-batch misses: auto <= 0.60 of all-sync, no miss): "
                f"auto {t['auto_cost_over_sync']:.3f} of all-sync, {t['auto_misses']} misses: "
                f"**{'met' if t['met'] else 'not met'}**.")
+    cv = data.get("clairvoyant")
+    if cv:
+        per = cv["deadlines"]
+        verdict += (
+            f" Clairvoyant bound (all-batch pass's batch latencies known in advance; batch "
+            f"turn p50 {cv['batch_turn_s_p50']} s + {cv['overhead_per_turn_s_p50']} s "
+            f"overhead, sync turn {cv['sync_turn_s']} s): "
+            + ", ".join(f"{n} {p['cost_over_sync']:.3f} ({p['sync_turns']} turns sync, "
+                        f"{p['late']} late)" for n, p in per.items())
+            + "; with no overhead and a sync turn of "
+            f"{cv['floor_sync_turn_s'] * 1000:g} ms: "
+            + ", ".join(f"{n} {p['floor_cost_over_sync']:.3f}" for n, p in per.items()) + ".")
     m = data["machine"]
     load = m.get("loadavg_at_start") or [0.0]
     where = (f"_{data['created']}: {m.get('cpus_usable')} usable cores, load avg "
