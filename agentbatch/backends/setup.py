@@ -20,7 +20,7 @@ from agentbatch.backends.base import Backend, BackendWrapper
 from agentbatch.backends.registry import backend_from_url
 from agentbatch.backends.retry import RetryingBackend, RetryPolicy
 from agentbatch.core.errors import BackendError, BackendUnavailable, BatchSpecError
-from agentbatch.core.options import DEFAULT_POOL_LOAD_FACTOR
+from agentbatch.core.options import DEFAULT_MAX_INFLIGHT, DEFAULT_POOL_LOAD_FACTOR
 from agentbatch.core.wait_for import wait_for
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,15 @@ def inflight_hint(backend: Backend) -> int | None:
             return None
         total += hint
     return total
+
+
+def inflight_limit(plan: BatchPlan, backend: Backend) -> int:
+    """The turns a batch keeps in flight on ``backend`` (both engines): the plan's
+    ``max_inflight``, else the backend's safe concurrency, capped by what its servers said
+    (``inflight_hint``) and by ``DEFAULT_MAX_INFLIGHT``."""
+    return plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
+                                    DEFAULT_MAX_INFLIGHT,
+                                    inflight_hint(backend) or DEFAULT_MAX_INFLIGHT)
 
 
 async def learn_inflight_hint(backend: Backend, timeout_s: float = 10.0) -> None:

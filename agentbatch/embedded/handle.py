@@ -16,13 +16,13 @@ from typing import Any
 from agentbatch.backends.base import Backend
 from agentbatch.backends.hedge import enable_hedging
 from agentbatch.backends.setup import (
-    inflight_hint,
+    inflight_limit,
     open_backend,
     preflight_backend,
     warm_backend,
 )
 from agentbatch.core.budget import Budget, WorkEstimate
-from agentbatch.core.options import DEFAULT_MAX_INFLIGHT, BatchOptions
+from agentbatch.core.options import BatchOptions
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.result_buffer import ResultBuffer
 from agentbatch.core.results import AgentResult
@@ -101,9 +101,7 @@ class EmbeddedHandle(BatchHandle):
                         max_output_chars=plan.max_tool_output_chars)
         rt = BatchRuntime(plan=plan, contract=self.compiled.contract, tools=pool,
                           backend=backend)
-        limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
-                                         DEFAULT_MAX_INFLIGHT,
-                                         inflight_hint(backend) or DEFAULT_MAX_INFLIGHT)
+        limit = inflight_limit(plan, backend)
         gate = None
         if plan.max_server_waiting is not None:
             gate = BackpressureGate(backend, max_waiting=plan.max_server_waiting)
@@ -126,7 +124,8 @@ class EmbeddedHandle(BatchHandle):
             return None
         client = await require_batch_client(backend, self.compiled.plan.backends, pricing)
         return ProviderBatchTurns(client, backend, mode=pricing, deadline=self._deadline,
-                                  total=self.total)
+                                  total=self.total,
+                                  concurrency=inflight_limit(self.compiled.plan, backend))
 
     async def _run(self, rt: BatchRuntime) -> None:
         assert self.engine is not None

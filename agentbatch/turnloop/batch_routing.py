@@ -20,7 +20,10 @@ A sync turn is not one request's latency when many are sent at once: they queue 
 slots, the client's in-flight cap, the server). So a sync turn is estimated from the sync
 path's backlog -- turns routed to it not yet answered, plus, for a hedge, the batch turns
 likely to be still waiting then, which would hedge with it (``late_turns``) -- divided
-by its observed throughput (``SyncThroughput``).
+by its throughput (``SyncThroughput``): what was seen, and no less than the sync path's
+concurrency per request latency where the engine knows it (the embedded engine's in-flight
+cap; the distributed engine's worker does not know its share of the fleet's, and uses what
+it saw).
 bench_cost.py at 1.1x the all-batch wall, at load 28: turns routed and hedged at the
 one-request estimate (~50 ms) left 827 of 1,000 agents past a deadline the all-batch run met.
 
@@ -78,6 +81,9 @@ class SyncThroughput:
     nothing (the batch rounds between bursts of sync turns would reset it to the prior)."""
 
     backlog: int = 0  # turns routed to or racing on the sync path, not yet answered
+    # requests the sync path runs at once, where known (the embedded engine's in-flight cap):
+    # the rate is then at least ``concurrency`` per request latency (``rate``). 1: unknown
+    concurrency: int = 1
     done: float = 0.0
     busy_s: float = 0.0
     at: float = field(default_factory=time.monotonic)
@@ -103,7 +109,11 @@ class SyncThroughput:
     def rate(self, latency: float) -> float:
         """Turns per second, ``latency`` being one request's (the prior's pace)."""
         self._advance(time.monotonic())
-        return (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * max(latency, 1e-3))
+        latency = max(latency, 1e-3)
+        seen = (self.done + PRIOR_TURNS) / (self.busy_s + PRIOR_TURNS * latency)
+        if self.concurrency > 1:  # Little's law: at most ``concurrency`` in flight at once
+            return max(seen, self.concurrency / latency)
+        return seen
 
 
 @dataclass(frozen=True)
@@ -191,7 +201,8 @@ class Router:
 
     def __init__(self, mode: Literal["batch", "auto"], deadline: float | None, total: int, *,
                  clock: Callable[[], float] = time.monotonic,
-                 running: Callable[[], Iterable[tuple[float, int]]] = _no_open) -> None:
+                 running: Callable[[], Iterable[tuple[float, int]]] = _no_open,
+                 concurrency: int = 1) -> None:
         self.mode = mode
         self.deadline = deadline  # in ``clock``'s time
         self.total = total
@@ -199,7 +210,13 @@ class Router:
         self.running = running  # the provider batches still open: (age s, turns)
         self.batch_latency = Latencies()
         self.sync_latency = Latencies()
-        self.sync_path = SyncThroughput()
+        # ``concurrency``: the sync requests that can run at once, where the caller knows it
+        # (1: not known). Known, the sync path is estimated at no less than that many per
+        # request latency. Not known, the throughput is only what was seen: a single probe
+        # looks like one turn at a time, so every waiting turn looked due for a hedge early
+        # (393 to 984 turns of 1,000 agents hedged at 2x the all-batch wall in five
+        # bench_cost runs, each paid at the sync price for a deadline all-batch met).
+        self.sync_path = SyncThroughput(concurrency=max(1, concurrency))
         self.routed_sync = 0  # routed to the sync API (in its backlog), request not started
         self.stats: Counter[str] = Counter()
         self._probed = False  # "auto": the first routed turn measures the sync latency

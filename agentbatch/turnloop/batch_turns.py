@@ -145,12 +145,15 @@ class ProviderBatchTurns:
     """The provider-batch side of one embedded batch."""
 
     def __init__(self, client: ProviderBatchClient, backend: Backend, *,
-                 mode: Literal["batch", "auto"], deadline: float | None, total: int) -> None:
+                 mode: Literal["batch", "auto"], deadline: float | None, total: int,
+                 concurrency: int = 1) -> None:
         self.client = client
         self.backend = backend
         self.mode = mode
         self.total = total
-        self.router = Router(mode, deadline, total, running=self._running)  # monotonic
+        # ``concurrency``: the engine's in-flight cap, what the sync path runs at once
+        self.router = Router(mode, deadline, total, running=self._running,  # monotonic
+                             concurrency=concurrency)
         self.stats = self.router.stats  # what routing and the batches did, one counter
         self._pending: list[tuple[str, ModelRequest]] = []
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}

@@ -18,9 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentbatch.backends.base import Backend
-from agentbatch.backends.setup import inflight_hint, learn_inflight_hint, open_backend
+from agentbatch.backends.setup import inflight_limit, learn_inflight_hint, open_backend
 from agentbatch.core.errors import BatchSpecError, ConfigError, RateLimited
-from agentbatch.core.options import DEFAULT_MAX_INFLIGHT
 from agentbatch.core.output import OutputContract
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.results import ErrorKind
@@ -253,9 +252,7 @@ class WorkerContext:
         return gate
 
     def semaphore(self, plan: BatchPlan, backend: Backend) -> RedisSemaphore:
-        limit = plan.max_inflight or min(backend.capabilities.max_safe_concurrency,
-                                         DEFAULT_MAX_INFLIGHT,
-                                         inflight_hint(backend) or DEFAULT_MAX_INFLIGHT)
+        limit = inflight_limit(plan, backend)
         name = hashlib.sha1("|".join(plan.backends).encode()).hexdigest()[:16]
         sem = self._semaphores.get((name, limit))
         if sem is None:
