@@ -26,6 +26,7 @@ import pytest
 from agentbatch import submit_batch, tool
 from agentbatch.core.model_io import Usage
 from agentbatch.core.pricing import cost_usd
+from agentbatch.core.results import AgentResult
 from agentbatch.sim import SimServer
 from agentbatch.sim.config import SimConfig
 from tests.support.batch_bill import charged_usd, sim_stats
@@ -84,26 +85,32 @@ def test_a_cap_is_reached_through_batch_items_billed_for_turns_the_sync_api_won(
     finally:
         _handle.clear()
     stats = handle.stats()["provider_batch"]
-    # every agent stopped at the cap before its second turn
+    sync_usd, lost_usd = check_capped_by_billed_items(
+        results, sim, stats["hedge_won_by_sync"], stats["hedge_lost_batch_paid"], stats)
+    assert handle.progress().cost_usd == pytest.approx(sync_usd + lost_usd, rel=1e-9)
+    assert handle.engine.budget.spent == pytest.approx(sync_usd + lost_usd, rel=1e-9)
+
+
+def check_capped_by_billed_items(results: list[AgentResult], sim: SimServer, won_by_sync: int,
+                                 lost_paid: int, counts: object) -> tuple[float, float]:
+    """What both engines' tests assert of the scenario: every agent stopped at the cap before
+    its second turn, reached through the billed items alone. Returns (sync, billed) USD."""
     assert len(results) == N
     assert [r.error.kind if r.error else None for r in results] == ["budget_exceeded"] * N, \
-        ([r.error for r in results], stats)
+        ([r.error for r in results], counts)
     sim_said = sim_stats(sim.url)
     billed = sim_said["batch_billed"].get(MODEL, {})
-    assert stats["hedge_won_by_sync"] == N, stats
+    assert won_by_sync == N, counts
     assert billed.get("requests", 0) == N - 1, billed
-    assert stats["hedge_lost_batch_paid"] == N - 1, stats
-
+    assert lost_paid == N - 1, counts
     # the premise: the sync answers alone are under the cap, the billed items alone past it
-    sync_usd = sum(r.cost_usd for r in results)
+    sync_usd = sum(r.cost_usd or 0.0 for r in results)
     lost_usd = charged_usd(sim_said, MODEL, PRICES[MODEL]) - cost_usd(
         sync_usage(sim_said), PRICES[MODEL])
     assert sync_usd < CAP_USD <= lost_usd, (sync_usd, lost_usd)
-
     assert all("max_cost_usd=1 reached" in r.error.message for r in results if r.error)
     assert chat_requests(sim) == N  # the six hedges; no second turn was sent
-    assert handle.progress().cost_usd == pytest.approx(sync_usd + lost_usd, rel=1e-9)
-    assert handle.engine.budget.spent == pytest.approx(sync_usd + lost_usd, rel=1e-9)
+    return sync_usd, lost_usd
 
 
 def sync_usage(stats: dict[str, Any]) -> Usage:

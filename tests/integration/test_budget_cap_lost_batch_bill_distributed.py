@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from agentbatch import submit_batch
-from agentbatch.core.pricing import cost_usd
 from agentbatch.sim import SimServer
 from tests.integration.test_budget_cap_lost_batch_bill import (
     CAP_USD,
@@ -20,12 +19,11 @@ from tests.integration.test_budget_cap_lost_batch_bill import (
     PRICES,
     WAIT_S,
     N,
-    sync_usage,
+    check_capped_by_billed_items,
 )
 from tests.integration.test_budget_cap_lost_batch_bill import sim as sim  # the fixture
-from tests.support.batch_bill import charged_usd, sim_stats
 from tests.support.bill_wait import wait_for_fleet_bill
-from tests.support.provider_batch import MODEL, chat_requests, sim_url
+from tests.support.provider_batch import MODEL, sim_url
 from tests.support.tools import Answer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -43,21 +41,7 @@ def test_a_fleet_cap_is_reached_through_batch_items_billed_for_turns_the_sync_ap
                           deadline=DEADLINE_S, max_cost_usd=CAP_USD, redis_url=redis_url)
     results = handle.wait(timeout=WAIT_S)
     counts = handle.status()
-    # every agent stopped at the cap before its second turn
-    assert len(results) == N
-    assert [r.error.kind if r.error else None for r in results] == ["budget_exceeded"] * N, \
-        ([r.error for r in results], counts)
-    sim_said = sim_stats(sim.url)
-    billed = sim_said["batch_billed"].get(MODEL, {})
-    assert counts["stat:hedge_won_by_sync"] == N, counts
-    assert billed.get("requests", 0) == N - 1, billed
-    assert counts["stat:hedge_lost_batch_paid"] == N - 1, counts
-
-    # the premise: the sync answers alone are under the cap, the billed items alone past it
-    sync_usd = sum(r.cost_usd for r in results)
-    lost_usd = charged_usd(sim_said, MODEL, PRICES[MODEL]) - cost_usd(
-        sync_usage(sim_said), PRICES[MODEL])
-    assert sync_usd < CAP_USD <= lost_usd, (sync_usd, lost_usd)
-    assert all("max_cost_usd=1 reached" in r.error.message for r in results if r.error)
-    assert chat_requests(sim) == N  # the six hedges; no second turn was sent
+    sync_usd, lost_usd = check_capped_by_billed_items(
+        results, sim, counts["stat:hedge_won_by_sync"], counts["stat:hedge_lost_batch_paid"],
+        counts)
     assert handle.progress().cost_usd == pytest.approx(sync_usd + lost_usd, rel=1e-9)
