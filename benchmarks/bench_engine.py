@@ -65,8 +65,8 @@ Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results fil
 
     python -m benchmarks.bench_engine --pool 2 --threads 1 --parallel 2 \
         --systems embedded,naive_round_robin,naive_hash,embedded_least_outstanding,distributed \
-        --workloads longconv:3:3 --system-rounds embedded_least_outstanding:1,distributed:1 \
-        --max-tokens 64 --timeout 200 --json benchmarks/results/engine_pool.json
+        --workloads longconv:4:3 --system-rounds embedded_least_outstanding:1,distributed:1 \
+        --max-tokens 64 --timeout 500 --json benchmarks/results/engine_pool.json
 
 (``--system-rounds``: the slower agentbatch variants take one round, so the invocation fits
 about half an hour on a 2-core machine shared with other engineers' tests.)
@@ -76,7 +76,8 @@ gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded
 ``pool_routing="least_outstanding"``; ``naive_round_robin`` sends each turn to the next
 server, ``naive_hash`` pins each agent to one server by a hash of its number. Engine counters
 are summed over the servers, with each server's share (``per_server``, ``busy_max_over_mean``)
-and agentbatch embedded's ``moves``. The ``longconv`` workload: 3+ agents each read a 6-page
+and agentbatch embedded's ``moves``. The ``longconv`` workload: 4 agents (the committed run;
+3 before, which no routing can split evenly over 2 servers) each read a 6-page
 manual (~1.1 KB a page) with ``read_page``, one page per turn; every system forces the six
 reads (see ``REQUIRED_CALLS``). ``valid`` there is the number of agents whose seventh turn
 was a final answer that validated as ``ManualReport``: SmolLM2-135M calls ``read_page`` again
