@@ -221,8 +221,9 @@ class ProviderBatches:
         self._shared_read: set[str] = set()  # batches whose fleet latencies were read here
         # provider batch id -> custom id -> a turn the sync API answered (``_pay_lost``)
         self._lost: dict[str, dict[str, _Lost]] = {}
-        self._prices: dict[str, dict[str, float] | None] = {}  # batch id -> model's prices
-        self._deadlines: dict[str, float | None] = {}  # batch id -> its deadline_at
+        # batch id -> what a turn the sync API answered carries (``_lost_turn``): its model's
+        # prices and its deadline_at
+        self._bill_terms: dict[str, tuple[dict[str, float] | None, float | None]] = {}
 
     def _stats(self, store: BatchStore) -> BatchStats:
         """The background counters (made on first use from the batch's Redis client: every
@@ -379,8 +380,8 @@ class ProviderBatches:
         key = (*plan.backends, plan.model)
         lane = self._lanes[key]
         cid = custom_id(plan.batch_id, index, version)
-        self._prices[plan.batch_id] = (plan.prices or {}).get(plan.model)
-        self._deadlines[plan.batch_id] = plan.deadline_at
+        self._bill_terms[plan.batch_id] = ((plan.prices or {}).get(plan.model),
+                                           plan.deadline_at)
         router = await self.router_for(plan, store)
         future = self._futures.get(cid)
         if future is None or future.done():
@@ -478,8 +479,7 @@ class ProviderBatches:
             if pb is not None and pb in self._submitted:
                 self._submitted[pb].answered_sync.add(cid)
             if pb is not None and pb in self._watchers:  # its item is read when pb ends
-                self._lost.setdefault(pb, {})[cid] = _Lost(
-                    store, (plan.prices or {}).get(plan.model), plan.deadline_at)
+                self._lost.setdefault(pb, {})[cid] = self._lost_turn(store)
             for wanted in self._wanted.values():
                 wanted.discard(cid)  # the batch's answer, if it comes, is dropped
             response = await sync  # a failed batch item: the sync answer (or its error)
@@ -558,9 +558,11 @@ class ProviderBatches:
             self._watch(client, state.id, cid, turn.store)
             if self._futures.get(cid) is not turn.future:  # answered (a hedge won) while
                 self._wanted[state.id].discard(cid)  # the submit was under way: maybe billed
-                self._lost.setdefault(state.id, {})[cid] = _Lost(
-                    turn.store, self._prices.get(turn.store.batch_id),
-                    self._deadlines.get(turn.store.batch_id))
+                self._lost.setdefault(state.id, {})[cid] = self._lost_turn(turn.store)
+
+    def _lost_turn(self, store: BatchStore) -> _Lost:
+        """A turn of ``store``'s batch the sync API answered, whose provider batch may bill it."""
+        return _Lost(store, *self._bill_terms.get(store.batch_id, (None, None)))
 
     @staticmethod
     async def _count_submit(per_batch: dict[str, list[_Turn]]) -> None:
