@@ -3,15 +3,16 @@
 An agent's turns share an ever-growing prefix, so sending them to the same server keeps its
 prefix cache hot. ``routing="affinity"`` (the default) gives each agent a home endpoint: the
 one that served its last reply (``ModelResponse.endpoint``, kept in the agent's state and
-sent back as ``ModelRequest.cached_on``), which holds its conversation; for a first turn, the
-first of its rendezvous ranking over the endpoint names (``affinity.rank``). Both are the same
-on every process, so on the distributed engine any worker sends an agent's turn to the same
-server. A turn leaves its home only when the home is ejected or suspect (it just failed)
-or holds more than its share of requests in flight (``affinity.load_bound``: ``load_factor``
-times the mean, at least ``load_floor``); it then takes the agent's next choice in its
-ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and told to each
-listener (``add_move_listener``). A moved agent stays where it moved: its conversation is
-there now.
+sent back as ``ModelRequest.cached_on``), which holds its conversation. The state travels
+with the agent, so on the distributed engine any worker sends an agent's turn to the same
+server. A first turn has no home: it goes to the endpoint with the fewest in flight, ties
+by the agent's rendezvous ranking over the endpoint names (``affinity.rank``), so a batch
+starts balanced. A turn leaves its home only when the home is ejected or suspect (it just
+failed) or holds more than its share of requests in flight (``affinity.load_bound``:
+``load_factor`` times the mean, at least ``load_floor``); it then takes the agent's next
+choice in its ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and
+told to each listener (``add_move_listener``). A moved agent stays where it moved: its
+conversation is there now.
 ``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
 
 An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
@@ -192,16 +193,25 @@ class EndpointPool(Backend):
             key=lambda i: (self._suspect(self._eps[i]), self._eps[i].outstanding, (i - start) % n),
         )
 
+    def _placed(self, key: str) -> int:
+        """Where an agent with nothing cached yet starts: the admitted endpoint with the
+        fewest in flight, suspect ones last, ties by the agent's ranking. Its conversation
+        is empty, so no endpoint holds more of it than another: balance is all that counts,
+        and a hash home would put three agents of four on one server as often as not."""
+        healthy = self._healthy_indices()
+        place = {i: n for n, i in enumerate(rank(key, self._names))}
+        return min(healthy, key=lambda i: (self._suspect(self._eps[i]),
+                                           self._eps[i].outstanding, place[i]))
+
     def _route(self, key: str, cached_on: str | None = None) -> _Endpoint:
         if not key or self.routing != "affinity":
             return self._eps[self._least_loaded()]
+        if cached_on not in self._names:  # a first turn: it has no home yet
+            return self._eps[self._placed(key)]
         healthy = set(self._healthy_indices())
-        order = rank(key, self._names)
-        if cached_on in self._names:  # where its last turn ran: its conversation is cached
-            at = self._names.index(cached_on)
-            order = [at, *(i for i in order if i != at)]
-        home = order[0]
-        # The agent's ranking over admitted endpoints, suspect ones last (stable: still ranked).
+        home = self._names.index(cached_on)  # where its last turn ran: its conversation
+        order = [home, *(i for i in rank(key, self._names) if i != home)]
+        # Home first, then the agent's ranking over admitted endpoints, suspect ones last.
         choices = sorted((i for i in order if i in healthy),
                          key=lambda i: self._suspect(self._eps[i]))
         bound = load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
@@ -221,14 +231,18 @@ class EndpointPool(Backend):
                          self._moves["failover"])
         return self._eps[chosen]
 
-    def endpoint_for(self, agent_key: str) -> str | None:
-        """The endpoint an agent's next turn goes to when no endpoint is past its load
-        bound (for tests and debugging); None if every endpoint is ejected or suspect."""
-        for i in rank(agent_key, self._names):
-            ep = self._eps[i]
+    def endpoint_for(self, agent_key: str, cached_on: str | None = None) -> str | None:
+        """The endpoint an agent's next turn goes to when no endpoint is past its load bound
+        (for tests and debugging): ``cached_on`` while it is admitted and not suspect, else
+        where a first turn is placed now; None if every endpoint is ejected or suspect."""
+        if cached_on in self._names:
+            ep = self._eps[self._names.index(cached_on)]
             if not ep.ejected and not self._suspect(ep):
                 return ep.name
-        return None
+        healthy = [i for i in range(len(self._eps)) if not self._eps[i].ejected]
+        if not healthy or all(self._suspect(self._eps[i]) for i in healthy):
+            return None
+        return self._eps[self._placed(agent_key)].name
 
     def add_move_listener(self, listener: MoveListener) -> None:
         """Call ``listener(reason)`` at each move, in the task that routed the turn (metrics,

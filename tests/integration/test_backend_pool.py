@@ -85,17 +85,21 @@ def make_pool(servers: tuple[Server, Server], **kw: Any) -> EndpointPool:
     )
 
 
-def req(agent: str, model: str = "m", turn: int = 0) -> ModelRequest:
+def req(agent: str, model: str = "m", turn: int = 0, cached_on: str | None = None) -> ModelRequest:
+    """A turn of ``agent``; ``cached_on`` is the endpoint its last turn ran on, as the engines
+    send it (``ModelResponse.endpoint`` kept in the agent's state)."""
     return ModelRequest(
         model=model,
         messages=[{"role": "user", "content": "hi"}],
         agent_key=agent,
         request_id=f"{agent}:{turn}",
+        cached_on=cached_on,
     )
 
 
 def homed(pool: EndpointPool, server: Server, n: int) -> list[str]:
-    """``n`` agent keys whose home endpoint (rendezvous hashing of the key) is ``server``."""
+    """``n`` agent keys whose first turn on an idle pool goes to ``server`` (ties of load go
+    by the rendezvous ranking of the key over the endpoints)."""
     keys = (f"agent{i}" for i in range(1000))
     return [k for k in keys if str(server.port) in (pool.endpoint_for(k) or "")][:n]
 
@@ -116,12 +120,14 @@ async def test_least_outstanding_routing(servers: tuple[Server, Server]) -> None
     a, b = servers
     pool = make_pool(servers)
     try:
-        # Two slow turns of one agent pin it to one endpoint and keep it busy ...
-        held = [asyncio.create_task(pool.complete(req("busy", "slow", t))) for t in range(2)]
+        # Two slow turns of one agent whose conversation is on A stay there and keep it busy ...
+        name_a = next(n for n in pool.stats() if str(a.port) in n)
+        held = [asyncio.create_task(pool.complete(req("busy", "slow", t, cached_on=name_a)))
+                for t in range(2)]
         await wait_until(lambda: len(a.agents) + len(b.agents) == 2, "slow requests")
-        busy, idle = (a, b) if a.agents else (b, a)
-        assert busy.agents == ["busy", "busy"]  # affinity: both on the same endpoint
-        # ... so every new agent goes to the idle one, turn after turn.
+        busy, idle = a, b
+        assert busy.agents == ["busy", "busy"]  # affinity: both where its conversation is
+        # ... so every new agent's first turn goes to the idle one, turn after turn.
         for i in range(4):
             resp = await pool.complete(req(f"new{i}"))
             assert resp.text == idle.label
@@ -140,9 +146,11 @@ async def test_affinity_keeps_an_agent_on_its_endpoint(servers: tuple[Server, Se
     pool = make_pool(servers)
     try:
         agents = homed(pool, a, 2) + homed(pool, b, 2)
+        last: dict[str, str | None] = dict.fromkeys(agents)
         for turn in range(5):
             for agent in agents:
-                await pool.complete(req(agent, turn=turn))
+                reply = await pool.complete(req(agent, turn=turn, cached_on=last[agent]))
+                last[agent] = reply.endpoint
         for agent in agents:
             on_a, on_b = a.agents.count(agent), b.agents.count(agent)
             assert sorted((on_a, on_b)) == [0, 5], agent
@@ -159,23 +167,23 @@ async def test_ejection_readmission_and_moving_agents(servers: tuple[Server, Ser
         # agents homed on each server by construction (homes hash the random ports)
         agents = homed(pool, a, 3) + homed(pool, b, 3)
         fresh = homed(pool, b, 4)
-        for agent in agents:
-            await backend.complete(req(agent))
+        last = {agent: (await backend.complete(req(agent))).endpoint for agent in agents}
         on_b = [ag for ag in agents if ag in b.agents]
         assert on_b and len(on_b) < len(agents)
         name_b = next(n for n in pool.stats() if str(b.port) in n)
 
         await b.stop()  # server B dies mid-batch
         for agent in agents:  # every turn still succeeds: the retry lands on A
-            resp = await backend.complete(req(agent, turn=1))
+            resp = await backend.complete(req(agent, turn=1, cached_on=last[agent]))
             assert resp.text == "A"
         stats = pool.stats()[name_b]
         assert stats["ejected"] and stats["ejections"] == 1
         # ejected after one failure whose health check failed too, then avoided
         assert stats["errors"] == 1
         assert backend.retries == 1
-        for agent in on_b:  # B's agents moved to A for good (while B is out)
-            assert pool.endpoint_for(agent) != name_b
+        assert pool.moves()["failover"] == len(on_b)  # each of B's agents left its home
+        for agent in on_b:  # B's agents moved to A (while B is out)
+            assert pool.endpoint_for(agent, cached_on=name_b) != name_b
 
         b.agents.clear()
         await b.start()  # back on the same port
@@ -247,13 +255,14 @@ async def test_retry_after_refused_connection_goes_elsewhere_before_ejection(
         for agent in pair:
             await backend.complete(req(agent))
         [on_b] = [ag for ag in pair if ag in b.agents]
-        name_b = pool.endpoint_for(on_b)
+        name_b = next(n for n in pool.stats() if str(b.port) in n)
         await b.stop()
-        resp = await backend.complete(req(on_b, turn=1))  # one failure, one retry, on A
+        # one failure, one retry, on A
+        resp = await backend.complete(req(on_b, turn=1, cached_on=name_b))
         assert resp.text == "A" and backend.retries == 1
         stats = pool.stats()[name_b]
         assert (stats["requests"], stats["errors"], stats["outstanding"]) == (2, 1, 0)
         assert pool.moves()["failover"] == 1  # the retry left its home
-        assert pool.endpoint_for(on_b) != name_b
+        assert pool.endpoint_for(on_b, cached_on=name_b) != name_b
     finally:
         await backend.aclose()

@@ -1,8 +1,10 @@
 """What operators see of a pool's moves and hedges, on both engines (issues 26 and 27).
 
 Real simulator processes over HTTP, a real redis-server and real ``agentbatch worker``
-processes with their Prometheus endpoints. Moves are provoked by a pool with one endpoint
-nobody listens on: every turn of an agent homed there fails over to the live one. Hedges by
+processes with their Prometheus endpoints. Moves are provoked by a pool of two simulators,
+one SIGKILLed while every agent waits in a tool between its two turns: the second turn of
+each agent whose first ran there fails over to the live one. (A first turn has no home, so
+an endpoint that is down from the start moves nobody.) Hedges by
 the three-simulator pool of ``tests/support/sim_pool.py`` (two fast, one slow). Assertions
 are counts: the batch's own (``handle.stats()`` / ``handle.status()``) against the
 ``/metrics`` counters, never timings.
@@ -11,6 +13,7 @@ are counts: the batch's own (``handle.stats()`` / ``handle.status()``) against t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,27 +24,45 @@ from agentbatch.metrics import metrics
 from agentbatch.sim import SimConfig
 from agentbatch.sim.process import SimProcess, free_port
 from tests.integration.test_metrics_names import Samples, _parse, scrape, total
+from tests.integration.test_pool_faults import arrived, hold, kill, open_gate, task
 from tests.integration.test_pool_hedge import TASK, echo, wait_until
 from tests.support.sim_pool import slow_pool
 from tests.support.tools import Answer
 
-MOVE_AGENTS = 24  # each homed on the dead endpoint with probability 1/2: none is 2**-24
+MOVE_AGENTS = 12  # first turns spread by load: about half run on the one killed
 HEDGE_AGENTS = 60  # as test_pool_hedge_distributed: each worker gets its 20 fast answers
 WAIT_S = 300.0
-# Workers import tools only from listed modules: ``echo`` lives in test_pool_hedge.
+# Workers import tools only from listed modules: ``echo`` lives in test_pool_hedge, ``hold``
+# in test_pool_faults.
 WORKER_ENV = {"AGENTBATCH_WORKER_IMPORTS":
-              "tests.support,tests.integration.test_pool_hedge,agentbatch.toolpool.builtins"}
+              "tests.support,tests.integration.test_pool_hedge,"
+              "tests.integration.test_pool_faults,agentbatch.toolpool.builtins"}
 
 
 @pytest.fixture
-def live_and_dead() -> Iterator[list[str]]:
-    """A pool of a live simulator and a URL nobody listens on."""
-    sim = SimProcess(SimConfig(fixed_ms=5, port=free_port()))
-    sim.start()
+def two_sims() -> Iterator[list[SimProcess]]:
+    """A pool of two simulators; the tests kill the second."""
+    procs = [SimProcess(SimConfig(fixed_ms=5, port=free_port())) for _ in range(2)]
+    for p in procs:
+        p.start()
     try:
-        yield [sim.url, sim.url.rsplit(":", 1)[0] + f":{free_port()}"]
+        yield procs
     finally:
-        sim.stop()
+        for p in procs:
+            p.stop()
+
+
+def _submit_and_kill_one(tmp: Path, sims: list[SimProcess], **kw: Any) -> Any:
+    """A batch whose agents each wait in ``hold`` after their first turn; once all wait, the
+    second simulator is killed and the gate opened: the agents whose first turn it served
+    fail over, each a counted move."""
+    handle = submit_batch(task(tmp, 1), [{"i": i} for i in range(MOVE_AGENTS)],
+                          model="sim-model", output_schema=Answer, tools=[hold],
+                          backend=[s.url for s in sims], timeout_per_turn=30, **kw)
+    wait_until(lambda: arrived(tmp, 0) == MOVE_AGENTS, "every agent in its tool call")
+    kill(sims[1])
+    open_gate(tmp, 0)
+    return handle
 
 
 @pytest.fixture
@@ -69,12 +90,11 @@ def _this_process() -> Samples:
     return _parse(generate_latest(metrics().registry).decode())
 
 
-def test_embedded_metrics_count_the_pools_moves(live_and_dead: list[str]) -> None:
+def test_embedded_metrics_count_the_pools_moves(
+        tmp_path: Path, two_sims: list[SimProcess]) -> None:
     port = free_port()
     before = _this_process()  # counters of this process: earlier tests' batches too
-    handle = submit_batch("Agent {i}.", [{"i": i} for i in range(MOVE_AGENTS)],
-                       model="sim-model", backend=live_and_dead, timeout_per_turn=30,
-                       metrics_port=port)
+    handle = _submit_and_kill_one(tmp_path, two_sims, metrics_port=port)
     results = handle.wait(timeout=WAIT_S)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     moves = handle.stats()["pool"]["moves"]
@@ -120,11 +140,10 @@ def test_embedded_metrics_count_hedges_their_outcomes_and_the_losers_tokens(
 @pytest.mark.redis
 @pytest.mark.slow
 def test_distributed_moves_reach_the_batchs_status_and_the_workers_metrics(
-        live_and_dead: list[str], redis_url: str, start_workers: Any) -> None:
+        tmp_path: Path, two_sims: list[SimProcess], redis_url: str,
+        start_workers: Any) -> None:
     ports = _workers_with_metrics(start_workers, 2)
-    handle = submit_batch("Agent {i}.", [{"i": i} for i in range(MOVE_AGENTS)],
-                          model="sim-model", backend=live_and_dead, timeout_per_turn=30,
-                          redis_url=redis_url)
+    handle = _submit_and_kill_one(tmp_path, two_sims, redis_url=redis_url)
     results = handle.wait(timeout=WAIT_S)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
 

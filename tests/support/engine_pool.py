@@ -29,9 +29,10 @@ def server_pair(engine_paths: EnginePaths) -> Iterator[list[LlamaServer]]:
 
 def pick_batch(urls: list[str], b_url: str, agents: int, prefix: str
                ) -> tuple[str, list[int], list[int]]:
-    """A batch id whose agents (keys ``{batch_id}:{index}``, as every engine keys them) have
-    at least two homes on B and one elsewhere: homes depend on the servers' random ports, so
-    the test chooses the id."""
+    """A batch id whose agents (keys ``{batch_id}:{index}``, as every engine keys them) would
+    start at least two on B and one elsewhere on an idle pool, where load ties go by the
+    rendezvous ranking (which depends on the servers' random ports, so the test chooses the
+    id). Under load, first turns spread by load instead: B gets its share either way."""
     pool = EndpointPool([backend_from_url(u) for u in urls])
     b_port = b_url.rsplit(":", 1)[1]
     for k in range(1000):

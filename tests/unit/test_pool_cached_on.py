@@ -5,7 +5,9 @@ it (``AgentState.endpoint``) and the next request carries it (``ModelRequest.cac
 Before, a home was only the rendezvous hash of the agent's key: an agent moved off a loaded
 home came back on its next turn, to a server that did not hold its conversation (on the
 llama.cpp pool benchmark, 4 agents of 7 turns: 11 such moves, 11,668 prompt tokens computed
-against 8,270 for a client pinning agents by hash). The routing tests drive an
+against 8,270 for a client pinning agents by hash). A first turn, with nothing cached anywhere,
+goes to the least-loaded endpoint: placing it by hash put three agents of four on one server in
+two rounds of three there, and the moves off it cost their caches. The routing tests drive an
 ``EndpointPool`` over scripted backends that hold every request until released, so the load
 each decision sees is set by the test, not a scheduler.
 """
@@ -40,13 +42,13 @@ async def test_a_turn_goes_where_the_agents_last_turn_ran_not_to_its_hash_home()
     pool = EndpointPool(list(backends))
     key = _homed_on(0, 1)[0]
     first = await pool.complete(_request(key))
-    assert first.endpoint == "a"  # no turn yet: its rendezvous home
+    assert first.endpoint == "a"  # no turn yet, an idle pool: ties go by its ranking
     moved = await pool.complete(_request(key, cached_on="b"))
     assert moved.endpoint == "b" and [b.calls for b in backends] == [1, 1]
     assert pool.moves() == {"load": 0, "failover": 0}  # it went where it was: not a move
 
 
-async def test_an_endpoint_the_pool_does_not_have_falls_back_to_the_hash_home() -> None:
+async def test_an_endpoint_the_pool_does_not_have_is_placed_like_a_first_turn() -> None:
     backends = [ScriptedBackend(name="a"), ScriptedBackend(name="b")]
     pool = EndpointPool(list(backends))
     key = _homed_on(1, 1)[0]
@@ -55,19 +57,17 @@ async def test_an_endpoint_the_pool_does_not_have_falls_back_to_the_hash_home() 
 
 
 async def test_a_moved_agent_stays_where_it_moved() -> None:
-    # four agents homed on "a", in flight at once with factor 1: the third and fourth move to
-    # "b" (the bound is the floor, 2). Their next turns, with "a" idle, stay on "b".
+    # four agents whose conversations are on "a", in flight at once with factor 1: the third
+    # and fourth move to "b" (the bound is the floor, 2). Their next turns, with "a" idle, stay
+    # on "b".
     hold = asyncio.Event()
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends), load_factor=1.0)
     keys = _homed_on(0, 4)
     tasks = []
     for n, key in enumerate(keys, 1):
-        tasks.append(asyncio.create_task(pool.complete(_request(key))))
-        for _ in range(100):
-            if sum(b.active for b in backends) == n:
-                break
-            await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(pool.complete(_request(key, cached_on="a"))))
+        await _in_flight(backends, n)
     hold.set()
     replies = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [r.endpoint for r in replies] == ["a", "a", "b", "b"]
@@ -76,6 +76,36 @@ async def test_a_moved_agent_stays_where_it_moved() -> None:
              for k, r in zip(keys, replies, strict=True)]
     assert [r.endpoint for r in again] == ["a", "a", "b", "b"]
     assert pool.moves() == {"load": 2, "failover": 0}  # none went back to its hash home
+
+
+async def _in_flight(backends: list[ScriptedBackend], n: int) -> None:
+    for _ in range(100):
+        if sum(b.active for b in backends) == n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{n} turns never got in flight")
+
+
+async def test_first_turns_are_spread_by_load_not_by_hash() -> None:
+    # four agents whose rendezvous home is "a", first turns in flight at once: they split 2/2
+    # (before: all four on "a" with the default factor), and no move is counted since none
+    # had a home yet. Their second turns each go where their first ran.
+    hold = asyncio.Event()
+    backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
+    pool = EndpointPool(list(backends))
+    keys = _homed_on(0, 4)
+    tasks = []
+    for n, key in enumerate(keys, 1):
+        tasks.append(asyncio.create_task(pool.complete(_request(key))))
+        await _in_flight(backends, n)
+    hold.set()
+    replies = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [r.endpoint for r in replies] == ["a", "b", "a", "b"]
+    assert pool.moves() == {"load": 0, "failover": 0}
+    again = [await pool.complete(_request(k, cached_on=r.endpoint))
+             for k, r in zip(keys, replies, strict=True)]
+    assert [r.endpoint for r in again] == ["a", "b", "a", "b"]
+    assert pool.moves() == {"load": 0, "failover": 0}
 
 
 def test_the_turn_machine_keeps_the_endpoint_that_answered() -> None:

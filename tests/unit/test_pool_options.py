@@ -103,13 +103,15 @@ def _homed_on(index: int, names: list[str], n: int) -> list[str]:
     return [k for k in keys if rank(k, names)[0] == index][:n]
 
 
-async def _route_held(pool: EndpointPool, keys: list[str]) -> list[asyncio.Task[object]]:
-    """Send one held turn per key, each routed after the previous one is in flight."""
+async def _route_held(pool: EndpointPool, keys: list[str],
+                      cached_on: str | None = None) -> list[asyncio.Task[object]]:
+    """Send one held turn per key (their conversations on ``cached_on``), each routed after
+    the previous one is in flight."""
     tasks: list[asyncio.Task[object]] = []
     for n, key in enumerate(keys, 1):
         tasks.append(asyncio.create_task(pool.complete(
             ModelRequest(model="m", messages=[{"role": "user", "content": key}],
-                         agent_key=key))))
+                         agent_key=key, cached_on=cached_on))))
         for _ in range(100):  # routed and counted in flight before the next one
             if sum(s["outstanding"] for s in pool.stats().values()) == n:  # type: ignore[misc]
                 break
@@ -123,15 +125,16 @@ async def _route_held(pool: EndpointPool, keys: list[str]) -> list[asyncio.Task[
                          [(1.0, [2, 2], ["load", "load"]), (3.0, [4, 0], [])])
 async def test_load_factor_decides_when_a_turn_leaves_home(
         factor: float, served: list[int], moves: list[str]) -> None:
-    # four agents homed on "a", all in flight: with factor 1 the home's bound is 2 (the
-    # floor), so the third and fourth move; with factor 3 it is 5 and 6, so none does
+    # four agents whose conversations are on "a", all in flight: with factor 1 the home's
+    # bound is 2 (the floor), so the third and fourth move; with factor 3 it is 5 and 6, so
+    # none does
     hold = asyncio.Event()
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends), load_factor=factor)
     heard: list[str] = []
     pool.add_move_listener(heard.append)
     pool.add_move_listener(heard.append)  # added once however often given
-    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 4))
+    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 4), cached_on="a")
     hold.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [b.calls for b in backends] == served
@@ -143,7 +146,7 @@ async def test_least_outstanding_ignores_the_agents_home() -> None:
     hold = asyncio.Event()
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends), routing="least_outstanding")
-    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 4))
+    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 4), cached_on="a")
     hold.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [b.calls for b in backends] == [2, 2]
@@ -162,7 +165,7 @@ async def test_count_moves_listens_once_per_pool_and_per_callback() -> None:
     assert count_moves(pool, on_move) and count_moves(pool, on_move) and count_moves(pool)
     assert not count_moves(ScriptedBackend())
     assert len(pool._move_listeners) == 2  # Prometheus's, and on_move's, each once
-    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 3))
+    tasks = await _route_held(pool, _homed_on(0, ["a", "b"], 3), cached_on="a")
     hold.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert seen == [("load", 1)]
