@@ -29,10 +29,15 @@ CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_EXPIRY_S = 4.0
 
 
+# ``json.dumps(body, ensure_ascii=False, allow_nan=False)``'s encoder, made once: ``dumps``
+# builds a new one on each call that passes any argument, so on every turn (issue 26 item 5).
+_BODY = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def encode_json(body: dict[str, Any], who: str) -> bytes:
     """Request bytes; a body that cannot be JSON is the caller's bug, so ``BadRequest``."""
     try:
-        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        return _BODY.encode(body).encode()
     except (TypeError, ValueError) as exc:
         raise BadRequest(f"{who}: request is not JSON-serializable: {exc}") from None
 

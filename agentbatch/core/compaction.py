@@ -79,8 +79,13 @@ def token_upper_bound(messages: list[Message], tools: list[dict[str, Any]] | Non
 def _json_bytes(value: Any) -> int:
     """UTF-8 bytes of ``canonical_json(value)``, made on every turn: key order does not change
     the length, so the keys are not sorted, and ASCII text (nearly all) is not encoded."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = _COMPACT.encode(value)
     return len(text) if text.isascii() else len(text.encode())
+
+
+# ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``'s encoder, made once
+# (``dumps`` builds a new one on each call that passes any argument: issue 26 item 5).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def chars_for_tokens(tokens: int, prompt_tokens: int, chars: int) -> int:

@@ -9,16 +9,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, model_validator
 
 Message = dict[str, Any]
+_M = TypeVar("_M", bound=BaseModel)
+# ``json.dumps`` with these arguments, made once: ``dumps`` builds a new encoder on each call
+# that passes any (issue 26 item 5).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def canonical_json(value: Any) -> str:
     """Stable, compact JSON: the same value always gives the same bytes (cache/coalescing keys)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
+
+
+_set_attr = object.__setattr__
+
+
+def replaced(model: _M, update: dict[str, Any]) -> _M:
+    """``model.model_copy(update=update)``: a new instance, its field dict copied and updated,
+    the updated fields marked set, no validation. For a model with no private attributes and
+    no extra fields (the agent state, a model reply) it is made here in one step; pydantic's
+    goes through ``__copy__`` and ``copy.copy`` three times, and the turn machine and the
+    turn loop copy on every turn (issue 26 item 5). Any other model: ``model_copy``."""
+    cls = type(model)
+    if cls.__private_attributes__ or cls.model_config.get("extra") == "allow":
+        return model.model_copy(update=update)
+    new = cls.__new__(cls)
+    _set_attr(new, "__dict__", {**model.__dict__, **update})
+    _set_attr(new, "__pydantic_extra__", None)
+    _set_attr(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
+    _set_attr(new, "__pydantic_private__", None)
+    return new
 
 
 class ToolCall(BaseModel):

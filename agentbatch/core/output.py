@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 
@@ -28,7 +31,8 @@ class OutputContract:
 
     @property
     def json_schema(self) -> dict[str, Any] | None:
-        return self.schema.model_json_schema() if self.schema else None
+        """The schema's JSON schema, a new copy on each call."""
+        return copy.deepcopy(_json_schema(self.schema)) if self.schema else None
 
     @property
     def name(self) -> str | None:
@@ -72,16 +76,57 @@ class OutputContract:
         return construct(self.schema, value)
 
 
+@functools.lru_cache(maxsize=64)
+def _json_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    """``schema.model_json_schema()``, made once per model: pydantic builds it anew on every
+    call, and every batch asks about three times (issue 26 item 5). Callers get copies."""
+    return schema.model_json_schema()
+
+
 def construct(model: type[BaseModel], data: Any) -> Any:
     """``model`` built from its validated dump, nested models included, with no validators."""
     if not isinstance(data, dict):
         return data
     values: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        key = info.alias if info.alias and info.alias in data else name
+    for name, alias, convert in _fields(model):
+        key = alias if alias and alias in data else name
         if key in data:
-            values[name] = _construct_value(info.annotation, data[key])
+            values[name] = data[key] if convert is None else convert(data[key])
     return model.model_construct(**values)
+
+
+_Convert = Callable[[Any], Any] | None  # None: the value is kept as it is
+
+
+@functools.lru_cache(maxsize=256)
+def _fields(model: type[BaseModel]) -> tuple[tuple[str, str | None, _Convert], ...]:
+    """Each field's name, alias and how its value is built (``_converter``), worked out once
+    per model: every ended agent's output is built here (issue 26 item 5)."""
+    return tuple((name, info.alias, _converter(info.annotation))
+                 for name, info in model.model_fields.items())
+
+
+def _converter(annotation: Any) -> _Convert:
+    """What ``_construct_value(annotation, value)`` does to a value, or None where it returns
+    every value itself (``str``, ``float``, ``Literal``, a union of no or several models)."""
+    if _kept(annotation):
+        return None
+    return lambda value: _construct_value(annotation, value)
+
+
+def _kept(annotation: Any) -> bool:
+    """``_construct_value(annotation, value) is value`` for every value (its branches, read
+    off the annotation: a collection is always rebuilt, so it is not kept)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return False
+    origin, args = get_origin(annotation), get_args(annotation)
+    if not args:
+        return True
+    if origin in (list, tuple, set, frozenset) or (origin is dict and len(args) == 2):
+        return False
+    if origin in (list, tuple, set, frozenset, dict):
+        return True
+    return sum(isinstance(a, type) and issubclass(a, BaseModel) for a in args) != 1
 
 
 def _construct_value(annotation: Any, value: Any) -> Any:

@@ -20,6 +20,7 @@ from agentbatch.core.model_io import (
     ToolCall,
     ToolOutcome,
     Usage,
+    replaced,
 )
 from agentbatch.core.options import DEFAULT_MAX_TOOL_CALLS_PER_TURN
 from agentbatch.core.output import ParsedOutput
@@ -184,7 +185,7 @@ def step(policy: TurnPolicy, state: AgentState, event: Event) -> AgentState:
 
 
 def _bump(state: AgentState, **changes: object) -> AgentState:
-    return state.model_copy(update={"version": state.version + 1, **changes})
+    return replaced(state, {"version": state.version + 1, **changes})
 
 
 def _end(state: AgentState, status: AgentStatus, error: AgentError | None,

@@ -12,7 +12,14 @@ from collections.abc import Awaitable, Callable
 from agentbatch.backends.sse import ON_TOOL_CALL
 from agentbatch.core.agent_state import AgentState
 from agentbatch.core.errors import BackendError
-from agentbatch.core.model_io import ModelRequest, ModelResponse, ToolCall, ToolOutcome, Usage
+from agentbatch.core.model_io import (
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolOutcome,
+    Usage,
+    replaced,
+)
 from agentbatch.core.render import build_request
 from agentbatch.core.turns import (
     Abandoned,
@@ -76,7 +83,7 @@ async def call_model(rt: BatchRuntime, state: AgentState, action: CallModel,
                       cached_tokens=spent.cached_tokens + got.cached_tokens,
                       completion_tokens=spent.completion_tokens + got.completion_tokens,
                       prompt_count=fitted.count or got.prompt_count)
-        response = response.model_copy(update={"usage": usage})
+        response = replaced(response, {"usage": usage})
     record_reply(rt.backend.name, response)
     return ModelReplied(response, attempts=response.attempts)
 

@@ -384,9 +384,14 @@ def check_input(item: Any, index: int) -> dict[str, Any]:
             raise BatchSpecError(f"key {show(key)} ({type(key).__name__}) is not a string; "
                                  "input keys name the task's template variables", index=index)
         try:
-            check_text(f"key {key!r}", key)
-            for where, leaf in _leaves(value, repr(key)):
-                _check_leaf(where, leaf)
+            if not key.isascii():  # ASCII text has no surrogates: nothing to check
+                check_text(f"key {key!r}", key)
+            if isinstance(value, str):  # a flat value is its own one leaf: no walk
+                if not value.isascii():
+                    check_text(repr(key), value)
+            elif value is not None and not isinstance(value, bool | int | float):
+                for where, leaf in _leaves(value, repr(key)):
+                    _check_leaf(where, leaf)
         except BatchSpecError as exc:
             raise BatchSpecError(str(exc), index=index) from None
     return data
