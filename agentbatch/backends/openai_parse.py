@@ -21,6 +21,8 @@ MAX_RAW_ARGS_CHARS = 300
 
 def _as_int(value: Any) -> int:
     """Token counts: tolerate null, floats and numeric strings; anything else counts as 0."""
+    if type(value) is int:  # what every server sends: three per turn (issue 26 item 5)
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, (int, float)):

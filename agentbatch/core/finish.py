@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentbatch.core.agent_state import AgentState, AgentStatus
+from agentbatch.core.model_io import replaced
 from agentbatch.core.output import OutputContract
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.pricing import agent_cost
@@ -46,5 +47,5 @@ def result_from_state(state: AgentState, latency_s: float | None = None,
 def materialize(result: AgentResult, contract: OutputContract) -> AgentResult:
     """Turn the stored JSON output into an instance of the batch's output schema."""
     if result.ok and contract.schema is not None and isinstance(result.output, dict):
-        return result.model_copy(update={"output": contract.instance(result.output)})
+        return replaced(result, {"output": contract.instance(result.output)})
     return result

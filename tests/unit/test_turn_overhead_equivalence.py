@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from agentbatch.backends.http_session import encode_json
+from agentbatch.backends.openai_parse import _as_int
 from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.compaction import MESSAGE_OVERHEAD_TOKENS, token_upper_bound
 from agentbatch.core.errors import BadRequest, BatchSpecError
@@ -27,6 +28,7 @@ from agentbatch.core.model_io import (
     replaced,
 )
 from agentbatch.core.output import OutputContract, _construct_value, _kept, construct
+from agentbatch.core.results import AgentResult
 from agentbatch.turnloop.validate import check_input
 
 # --- replaced == model_copy(update=...) ---------------------------------------------------
@@ -48,6 +50,10 @@ def test_replaced_is_model_copy_for_the_agent_state_and_a_reply() -> None:
     assert new is not state and new.__dict__ is not state.__dict__
     assert state.version == 0 and state.status is AgentStatus.NEEDS_MODEL  # untouched
     assert new.model_fields_set - state.model_fields_set == set(update)
+
+    result = AgentResult(index=1, input={}, ok=True, output={"x": 1})
+    _same_copy(replaced(result, {"output": Inner(x=1)}),
+               result.model_copy(update={"output": Inner(x=1)}))
 
     reply = ModelResponse(text="hi", tool_calls=[ToolCall(id="c", name="t")])
     usage = Usage(prompt_tokens=5, prompt_count="estimated")
@@ -183,3 +189,20 @@ def test_the_shared_encoders_give_json_dumps_bytes_and_errors() -> None:
         encode_json({"x": math.nan}, "t")
     with pytest.raises(BadRequest, match="not JSON-serializable"):
         encode_json({"x": object()}, "t")
+
+
+def test_token_counts_read_as_before() -> None:
+    def before(value: Any) -> int:  # _as_int without the exact-int shortcut
+        if isinstance(value, bool):
+            return 0
+        if isinstance(value, int | float):
+            return max(0, int(value))
+        if isinstance(value, str):
+            try:
+                return max(0, int(float(value)))
+            except ValueError:
+                return 0
+        return 0
+
+    values = [5, -3, 0, 2**40, True, False, 2.7, -1.5, "12", "1e3", "x", None, [1]]
+    assert [_as_int(v) for v in values] == [before(v) for v in values]
