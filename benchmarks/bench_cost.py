@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbatch import submit_batch
+from agentbatch.embedded.handle import EmbeddedHandle
 from agentbatch.sim.config import SimConfig
 from agentbatch.sim.process import SimProcess
 from benchmarks import cost_bound
@@ -83,6 +84,7 @@ def run_one(backend: str, agents: int, pricing: str, deadline_s: float | None,
     handle = submit_batch(TASK, [{"i": i} for i in range(agents)], model=MODEL,
                           backend=backend, tools=[lookup], output_schema=Answer,
                           prices=PRICES, max_turns=TURNS, warm_prefix=False, **opts)
+    assert isinstance(handle, EmbeddedHandle)  # no redis_url: the embedded engine's
     finished: list[float] = []
     results = []
     for result in handle.results(timeout=timeout_s):
@@ -90,7 +92,8 @@ def run_one(backend: str, agents: int, pricing: str, deadline_s: float | None,
         results.append(result)
     wall = time.monotonic() - started
     handle.join(timeout=timeout_s)  # its provider batches closed too
-    stats = dict(handle.stats().get("provider_batch") or {})
+    counted = handle.stats().get("provider_batch")
+    stats: dict[str, Any] = dict(counted) if isinstance(counted, dict) else {}
     spend = handle.progress().cost_usd
     handle.close()
     return _result(pricing, deadline_s, agents, results, finished, started, wall, spend,

@@ -107,7 +107,8 @@ def agent_turns(jobs: Iterable[Mapping[str, Any]], finished: Mapping[int, float]
         done = finished.get(index)
         cut = done is None or any(rows[k + 1][0] < rows[k][1] for k in range(len(rows) - 1)) \
             or started + done < rows[-1][1]
-        overhead = None if cut else (done - sum(r[2].batch_s for r in rows)) / len(rows)
+        overhead = None if cut or done is None else (
+            done - sum(r[2].batch_s for r in rows)) / len(rows)
         out[index] = AgentTurns(tuple(r[2] for r in rows), overhead)
     return out
 

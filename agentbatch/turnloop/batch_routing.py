@@ -7,9 +7,19 @@ on the latencies it observed itself (like ``hedge_after``'s per-worker p95s), wi
 turns and the batch's live count read from the state and meta it already has.
 
 ``route``: a turn goes to the batch API while the agent's projected finish -- this turn at
-the ``ROUTE_Q`` (p90) batch latency, its remaining turns at the sync latency -- stays inside
-the deadline, or while the sync API would not finish the turn sooner (a sync path backed up
-past a batch round gains the deadline nothing); else to the sync API. The quantiles count
+the ``ROUTE_Q`` batch latency, its remaining turns at the sync latency -- stays inside the
+deadline, or while the sync API would not finish the turn sooner (a sync path backed up
+past a batch round gains the deadline nothing); else to the sync API. ``ROUTE_Q`` is the
+break-even chance of the batch answering in time: a batch turn not answered by its hedge time
+races the sync API, and then pays the sync price as well as the batch's (whose item is billed
+when the batch completes: 366 of 400 hedges in a bench_cost all-batch run). At a batch price
+``b`` of the sync price, the batch route costs ``b + (1 - p)`` for a turn answered in time
+with chance ``p``, the sync route 1: the batch pays while ``p > b``, and the batch APIs cost
+half (OpenAI's, Anthropic's). Routing at the p90 instead (before) sent the last turn of
+almost every agent to the sync API when the deadline was short: bench_cost at 0.8x the
+all-batch wall, 871 of 1,000 agents' last turns, where the clairvoyant bound needed 384;
+their third turn started ~18 s in, the p90 batch turn (13.3 s) and ``SAFETY_S`` fitting
+only before ~14.6 s, while the median batch turn (9.0 s) would have fitted. The quantiles count
 the provider batches still open as censored at their age (``Latencies``): the first to end
 are the fast ones. The sync latency is measured, not assumed: the first turn ``"auto"``
 routes goes to the sync API (a probe; ``PRIOR_SYNC_S`` stands in until it answers). At the
@@ -38,7 +48,12 @@ left)`` of them before the deadline. Sending them all (bench_cost on a CPU-starv
 slowed every sync turn, the routed ones too, and missed deadlines. So a due hedge goes only
 while the sync path's work -- its backlog plus the hedges decided whose request has not
 started (``GRANT_S`` at most) -- is under that (at least one); the turns beyond it keep
-waiting in their provider batch (``hedge_capped``, once per turn) and ask again.
+waiting in their provider batch (``hedge_capped``, once per turn) and ask again. The time
+left is the deadline's itself: ``SAFETY_S`` is kept by the hedge time already, and counting
+it again left the turns due a few ms past their hedge time a cap near one, so they waited on
+batches that answered past the deadline (bench_cost at 0.8x, routing at the median: 122
+turns capped ~2 s before the deadline, 55 agents 0.06-0.11 s late; hedges there took 0.1-0.2
+s).
 
 Times: ``clock`` is the router's (the embedded engine's ``time.monotonic``, the distributed
 engine's Redis clock, in which the plan carries the deadline); every absolute time given to
@@ -64,7 +79,8 @@ MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
 CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
-ROUTE_Q = 0.9  # the batch latency quantile a turn routed to the batch API must fit
+ROUTE_Q = 0.5  # the batch latency quantile a routed batch turn must fit: the batch price
+# over the sync price, the break-even chance to be answered before a hedge (module doc)
 RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
 PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
 GRANT_S = 10.0  # a hedge decided counts against the cap this long before its request starts
@@ -303,9 +319,9 @@ class Router:
     def hedge_cap(self) -> int:
         """How many turns the sync path may have outstanding (backlog and decided hedges)
         for another hedge to go: its observed throughput times the time left before the
-        deadline (``SAFETY_S`` kept), at least one."""
+        deadline (``SAFETY_S`` is kept by the hedge time, not here), at least one."""
         assert self.deadline is not None
-        left = self.deadline - SAFETY_S - self.clock()
+        left = self.deadline - self.clock()
         median = self.sync_latency.quantile(0.5)
         rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
         return max(1, math.floor(rate * left))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from agentbatch.turnloop import batch_routing
-from agentbatch.turnloop.batch_routing import SAFETY_S, Router
+from agentbatch.turnloop.batch_routing import Router
 
 NOW = 1000.0
 WAITING = 20
@@ -17,8 +17,8 @@ WAITING = 20
 
 def _router(left_s: float | None) -> Router:
     """A router whose sync path was seen answering one turn a second (1 s each, one at a
-    time), ``left_s`` before its deadline (``SAFETY_S`` kept); None: no deadline."""
-    deadline = None if left_s is None else NOW + SAFETY_S + left_s
+    time), ``left_s`` before its deadline; None: no deadline."""
+    deadline = None if left_s is None else NOW + left_s
     router = Router("batch", deadline, total=100, clock=lambda: NOW)
     for _ in range(3):
         router.sync_latency.add(1.0)

@@ -1,0 +1,52 @@
+"""``batch_routing.Router`` near a short deadline (both engines): where an agent's last turn
+goes (``ROUTE_Q``, the break-even chance of the batch answering before the turn's hedge),
+and that the hedges due inside the last ``SAFETY_S`` still go. Decisions given what the
+router observed: no I/O, no sleeps, a fixed router clock."""
+
+from __future__ import annotations
+
+from agentbatch.turnloop.batch_routing import SAFETY_S, WINDOW_S, Router
+
+NOW = 1000.0
+
+
+def _auto(deadline: float) -> Router:
+    """An ``"auto"`` router whose probe has answered (sync turns 0.1 s), having seen ten
+    provider batches of 8 turns take 5, 6, ..., 14 s: median 9 s, p90 13 s."""
+    router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8)
+    for _ in range(3):
+        router.sync_latency.add(0.1)
+    for seconds in range(5, 15):
+        router.batch_latency.add(float(seconds), 8)
+    return router
+
+
+def test_a_last_turn_that_fits_at_the_batch_median_goes_to_the_batch() -> None:
+    # fits at the median (9 s), not at the p90 (13 s): the batch, at half price, pays
+    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_S + 1.0)
+    assert router.route(1, 100) == "batch"
+    assert router.stats["routed_batch"] == 1 and router.stats["routed_sync_deadline"] == 0
+
+
+def test_a_last_turn_that_misses_at_the_batch_median_goes_to_the_sync_api() -> None:
+    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_S - 1.0)
+    assert router.route(1, 100) == "sync"
+    assert router.stats["routed_sync_deadline"] == 1
+
+
+def test_due_hedges_inside_the_safety_margin_are_not_refused() -> None:
+    """1.5 s before the deadline (inside ``SAFETY_S``), on a sync path seen answering ten
+    turns a second: the twelve turns due go (15 fit before the deadline), none left to
+    wait on a provider batch that answers past it."""
+    router = Router("batch", NOW + 1.5, total=100, clock=lambda: NOW)
+    for _ in range(3):
+        router.sync_latency.add(0.1)
+    router.sync_path.done, router.sync_path.busy_s = 100.0, 10.0
+    assert router.hedge_cap() == 15
+    sent = []
+    for turn in range(12):
+        at = router.hedge_at(NOW - 10.0, 1.0, 4, waiting=11, turn=turn)
+        if at is not None and at <= NOW:
+            sent.append(turn)
+    assert sent == list(range(12))
+    assert router.stats["hedge_capped"] == 0
