@@ -36,6 +36,17 @@ from then (the embedded engine's bound, ``batch_turns._pay_lost``), not until th
 could not be read. What a worker stopped or killed before its provider batch ended would have
 read is not known (``stat:hedge_won_by_sync`` bounds it).
 
+A hedge's sync request is billed whether or not its answer is committed. So before sending it,
+the worker records the intent in the batch's ``pbatch`` hash (``hedge_intent``: field
+``"s:<index>:<version>"`` -> its lease token, one round trip per hedge, none per other turn),
+and the same round trip that drops the turn's record after its commit drops it
+(``forget``). A worker killed with the request in flight (or whose lease lapsed) leaves it,
+and whoever takes the turn over counts it, once, in ``stat:hedge_sync_paid_unknown`` (a
+request paid, its tokens not known, so not in the spend) with a warning naming the batch and
+the agent: the sweep's re-send, in the script that counts the re-send (``stat:recovered``,
+``resend.lua``), or a duplicate delivery's commit or hedge. A live worker whose lease lapsed
+and that still commits its answer is counted too (an over-count, never a silent miss).
+
 Routing and hedge counts go through the worker's background counters (``BatchStats``: one
 transaction per flush, not a round trip per event); those that must be on the batch before
 what follows them are flushed at once, shared by the callers of one pass of the loop: a
@@ -123,6 +134,10 @@ RECORD_TTL_MS = 26 * 3600 * 1000  # past the providers' 24 h completion window
 CANCEL_CHECK_S = 2.0  # how often a waiting turn looks at the batch's cancel flag
 LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this often
 SHARED_LATENCIES = 200  # the provider batch latencies a batch keeps for the fleet (newest)
+# a turn taken over from a holder whose sync hedge request was in flight (its intent left)
+_LEFT_BEHIND = ("batch %s: agent %s v%s: another worker had its sync hedge request in flight "
+                "and did not commit it (killed, or its lease lapsed); the provider bills it, "
+                "its tokens are not known (stat:hedge_sync_paid_unknown)")
 
 Hedge = Callable[[], Awaitable[ModelResponse]]  # the turn's request on the sync API
 
@@ -138,6 +153,12 @@ def custom_id(batch_id: str, index: int, version: int) -> str:
 
 def record_field(index: int, version: int) -> str:
     return f"{index}:{version}"
+
+
+def intent_field(index: int, version: int) -> str:
+    """The ``pbatch`` field of one agent version's sync hedge intent (``lua/hedge_intent.lua``;
+    ``resend.lua`` builds the same name)."""
+    return f"s:{index}:{version}"
 
 
 def latency_key(store: BatchStore) -> str:
@@ -370,12 +391,13 @@ class ProviderBatches:
 
     async def complete(self, plan: BatchPlan, backend: Backend, store: BatchStore, index: int,
                        version: int, request: ModelRequest, *, turns_left: float = 1.0,
-                       hedge: Hedge | None = None) -> tuple[ItemResult, bool]:
+                       hedge: Hedge | None = None, token: str = "") -> tuple[ItemResult, bool]:
         """The answer to this agent version's turn and whether the provider batch gave it:
         from the provider batch a record names (a re-sent turn), else from a new one; with
         ``hedge``, from the sync API when the turn is still waiting at the router's hedge
-        time and the sync API answers first. ``BatchCancelled`` once the batch is
-        cancelled; ``BackendTimeout`` after ``MAX_WAIT_S`` without an answer."""
+        time and the sync API answers first (``token``: the turn's lease, which its hedge
+        intent names). ``BatchCancelled`` once the batch is cancelled; ``BackendTimeout``
+        after ``MAX_WAIT_S`` without an answer."""
         await self.client(plan, backend)
         key = (*plan.backends, plan.model)
         lane = self._lanes[key]
@@ -426,7 +448,8 @@ class ProviderBatches:
                         self._stats(store).add(plan.batch_id, "hedge_capped")  # is full
                     now = redis_clock()
                     if at is not None and now >= at:
-                        return await self._hedge(plan, store, cid, future, hedge)
+                        return await self._hedge(plan, store, cid, future, hedge,
+                                                 (index, version, token))
                     if at is not None:
                         wait = min(max(at - now, 0.01), CANCEL_CHECK_S)
                 await asyncio.wait({future}, timeout=wait)
@@ -446,13 +469,18 @@ class ProviderBatches:
             self._owner_of.pop(cid, None)
 
     async def _hedge(self, plan: BatchPlan, store: BatchStore, cid: str,
-                     future: asyncio.Future[ItemResult], hedge: Hedge) -> tuple[ItemResult, bool]:
+                     future: asyncio.Future[ItemResult], hedge: Hedge,
+                     turn: tuple[int, int, str]) -> tuple[ItemResult, bool]:
         """Race the waiting turn against the sync API; the first answer is returned (so the
-        turn commits once), the loser cancelled (sync) or forgotten (its ``custom_id``)."""
+        turn commits once), the loser cancelled (sync) or forgotten (its ``custom_id``).
+        ``turn``: (index, version, lease token), which the hedge intent names."""
         self._stats(store).add(plan.batch_id, "batch_hedged")
         # on the batch before the request is sent: a worker killed mid-hedge leaves it
         # counted (``batch_hedged`` minus the ``hedge_won_*`` bounds what was not reported)
         await self._stats(store).settle()
+        # and the intent, which a worker that takes the turn over counts if this one dies
+        # with the request in flight (``hedge_intent``)
+        await self.hedge_intent(store, *turn)
         sync = asyncio.ensure_future(hedge())
         try:
             while True:
@@ -502,10 +530,41 @@ class ProviderBatches:
         return future.result()
 
     @staticmethod
-    async def forget(store: BatchStore, index: int, version: int) -> None:
-        """Drop the record of a turn whose next state is committed (or lost to another)."""
-        with contextlib.suppress(Exception):
-            await store.r.hdel(store.k.provider_batches, record_field(index, version))
+    async def hedge_intent(store: BatchStore, index: int, version: int, token: str) -> None:
+        """Before this worker sends a turn's sync hedge request (billed, answered or not):
+        say so in Redis (``lua/hedge_intent.lua``: ``pbatch`` field ``s:<index>:<version>``
+        -> the lease token), one round trip. The commit of the version clears it
+        (``forget``). Left by a worker killed with the request in flight, it is counted by
+        whoever takes the turn over: the sweep's re-send (``resend.lua``), a duplicate
+        delivery's commit (``forget``) or its own hedge (here), as
+        ``stat:hedge_sync_paid_unknown``: paid, its tokens not known."""
+        if not token:
+            return
+        try:
+            found = await store.s.hedge_intent(
+                keys=[store.k.provider_batches, store.k.meta],
+                args=[intent_field(index, version), token, RECORD_TTL_MS])
+        except Exception:  # the hedge still goes; a kill now would not be counted
+            log.warning("batch %s: agent %s v%s: its sync hedge intent could not be recorded "
+                        "in Redis", store.batch_id, index, version, exc_info=True)
+            return
+        if int(found):
+            log.warning(_LEFT_BEHIND, store.batch_id, index, version)
+
+    @staticmethod
+    async def forget(store: BatchStore, index: int, version: int, token: str = "") -> None:
+        """Drop the record of a turn whose next state is committed (or lost to another), and
+        its sync hedge intent (``lua/forget.lua``, one round trip): one left by another
+        holder of the turn (killed, or its lease lapsed, with its request in flight) is
+        counted (``stat:hedge_sync_paid_unknown``) and logged."""
+        try:
+            found = await store.s.forget(
+                keys=[store.k.provider_batches, store.k.meta],
+                args=[record_field(index, version), intent_field(index, version), token])
+        except Exception:
+            return
+        if int(found):
+            log.warning(_LEFT_BEHIND, store.batch_id, index, version)
 
     # --- provider batches --------------------------------------------------------------------
 

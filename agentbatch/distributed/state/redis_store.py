@@ -7,6 +7,7 @@ fails the compare-and-set and its work is dropped, so a turn is never applied tw
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,8 @@ from agentbatch.distributed.state.keys import (
 )
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.transition import DEFAULT_RETENTION_S, Transition
+
+log = logging.getLogger(__name__)
 
 TOOL_RESULTS_TTL_S = 7 * 24 * 3600  # a backstop: the commit that consumes a round deletes it
 
@@ -426,16 +429,27 @@ class BatchStore:
         script. ``seen_score``: the deadline the sweep read; a sweep whose pass overlapped
         another's (its lock lapsed) finds it moved and sends nothing. Returns -1 (moved on,
         leased, or its deadline moved: nothing sent), -2 (``max_resends`` reached: nothing
-        sent) or the number of re-sends at this version."""
+        sent) or the number of re-sends at this version.
+
+        A provider-batch turn's sync hedge request the version's last holder had in flight
+        (its intent in ``pbatch``, ``provider_batches.hedge_intent``) was paid and is in no
+        commit: the same script counts it (``stat:hedge_sync_paid_unknown``), and it is
+        logged here, naming the batch and the agent."""
         k = self.k
-        return int(await self.s.resend(
+        n, paid = await self.s.resend(
             keys=[k.state, k.lease(state.index), k.watch, k.resends, k.meta, k.audit,
-                  k.started, *(key for key, _ in enqueue)],
+                  k.started, k.provider_batches, *(key for key, _ in enqueue)],
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
                   "1" if audit else "0", k.member(state.index),
                   "" if seen_score is None else seen_score,
                   json_array(payload for _, payload in enqueue)],
-        ))
+        )
+        if int(paid):
+            log.warning("batch %s: agent %s v%s was taken over while its worker's sync hedge "
+                        "request was in flight; the provider bills it, its tokens are not "
+                        "known (stat:hedge_sync_paid_unknown)", self.batch_id, state.index,
+                        state.version)
+        return int(n)
 
     async def tool_running(self, index: int, version: int, ttl_ms: int, lock: str = "",
                            lock_token: str = "", lock_ttl_ms: int = 0) -> int:

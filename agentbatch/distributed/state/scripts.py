@@ -19,7 +19,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "tool_finish",
          "sem_throttle", "sem_success",
          "note", "sem_renew", "rate_take", "park", "wake",
-         "cancel", "submit", "pay_lost")
+         "cancel", "submit", "pay_lost", "hedge_intent", "forget")
 
 
 @cache
@@ -56,3 +56,5 @@ class Scripts:
     wake: Any
     cancel: Any
     pay_lost: Any
+    hedge_intent: Any
+    forget: Any

@@ -226,7 +226,7 @@ async def run_turn(ctx: WorkerContext, batch_id: str, index: int,
     followups = await commit(ctx, loaded, state, new, token, slot_key, claim.listed,
                              logged=True)
     if by_batch:  # committed (or lost to another delivery): the record has served
-        await ctx.provider_batches.forget(store, index, version)
+        await ctx.provider_batches.forget(store, index, version, token)
         if new.status is AgentStatus.DONE:  # the turns-left estimate "auto" routes on
             ctx.provider_batches.agent_finished(batch_id, new.turns)
     if sem is not None and claim.slots_scarce:
@@ -326,7 +326,7 @@ async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: Agen
         try:
             item, by_batch = await provider.complete(
                 loaded.plan, rt.backend, store, state.index, state.version, request,
-                turns_left=turns_left, hedge=lambda: sync_api(request))
+                turns_left=turns_left, hedge=lambda: sync_api(request), token=token)
         except BatchCancelled:
             served.append(False)
             cancelled.append(True)  # call_model would report it as an internal failure

@@ -1,5 +1,6 @@
 -- Re-send a lost agent's task(s), atomically with counting it and moving its deadline.
--- KEYS: state, lease, watch, resends, meta, audit, started, then one queue list per payload
+-- KEYS: state, lease, watch, resends, meta, audit, started, pbatch, then one queue list per
+--       payload
 -- ARGV: index, version, now_ms, base_ms, max_resends, audit ('1'|'0'), watch member,
 --       deadline score the sweep read ('' = do not check), payloads (JSON array: one task
 --       message per queue list key)
@@ -10,9 +11,16 @@
 -- base_ms later, doubling with each re-send that made no progress (at most 32x); the
 -- re-sent version counts as queued (its started mark is dropped) until a worker starts it.
 -- Re-sent messages go to the consuming end of the list (RPUSH): recovery jumps the queue.
+-- Returned as {n, paid}: paid is 1 when the version's last holder had a provider-batch turn's
+-- sync hedge request in flight (its intent, ``hedge_intent.lua``, still in ``pbatch``): the
+-- provider bills it and no commit carries it, so it is counted with the re-send
+-- (``stat:hedge_sync_paid_unknown``: a request paid, its tokens not known) and the intent
+-- dropped (also when the re-send cap is reached: the caller ends the agent); else 0. A
+-- re-sent turn that runs again is ``stat:recovered``; this is what its
+-- first run is known to have paid.
 local state_key, lease_key, watch_key, resends_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local meta_key, audit_key, started_key = KEYS[5], KEYS[6], KEYS[7]
-local queues = keys_from(8, #KEYS - 7)
+local meta_key, audit_key, started_key, pbatch_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local queues = keys_from(9, #KEYS - 8)
 local index, version, now, base_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_resends, audit, member, seen_score = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7], ARGV[8]
 local payloads = json_list(ARGV[9])
@@ -20,12 +28,18 @@ if #queues ~= #payloads then
   return redis.error_reply('resend: ' .. #queues .. ' queue keys for ' .. #payloads .. ' payloads')
 end
 
-if version_of(redis.call('HGET', state_key, index)) ~= version then return -1 end
-if redis.call('EXISTS', lease_key) == 1 then return -1 end
+if version_of(redis.call('HGET', state_key, index)) ~= version then return {-1, 0} end
+if redis.call('EXISTS', lease_key) == 1 then return {-1, 0} end
 -- The fence of the sweep's pass: another sweeper (this one's lock lapsed mid-pass) that
 -- re-sent the agent, or anything else that touched it, moved the deadline since it was read.
 if seen_score ~= '' and tonumber(redis.call('ZSCORE', watch_key, member)) ~= tonumber(seen_score) then
-  return -1
+  return {-1, 0}
+end
+local paid = 0
+local intent = 's:' .. index .. ':' .. version
+if redis.call('HDEL', pbatch_key, intent) == 1 then
+  redis.call('HINCRBY', meta_key, 'stat:hedge_sync_paid_unknown', 1)
+  paid = 1
 end
 local n = 1
 local prev = redis.call('HGET', resends_key, index)
@@ -33,7 +47,7 @@ if prev then
   local pv, pc = string.match(prev, '^(%d+):(%d+)$')
   if pv == version then n = tonumber(pc) + 1 end
 end
-if n > max_resends then return -2 end
+if n > max_resends then return {-2, paid} end
 redis.call('HSET', resends_key, index, version .. ':' .. n)
 local wait = base_ms * 2 ^ math.min(n - 1, 5)
 redis.call('ZADD', watch_key, math.floor(now + wait), member)
@@ -43,4 +57,4 @@ if audit then redis.call('XADD', audit_key, '*', 'i', index, 'resent', version) 
 for j, queue in ipairs(queues) do
   redis.call('RPUSH', queue, payloads[j])
 end
-return n
+return {n, paid}
