@@ -64,12 +64,13 @@ turn each (a repair allowed) sharing a ~280-token system prompt.
 Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results file:
 
     python -m benchmarks.bench_engine --pool 2 --threads 1 --parallel 2 \
-        --systems embedded,naive_round_robin,naive_hash,embedded_least_outstanding,distributed \
-        --workloads longconv:4:3 --system-rounds embedded_least_outstanding:1,distributed:1 \
-        --max-tokens 64 --timeout 500 --json benchmarks/results/engine_pool.json
+        --systems embedded,embedded_least_outstanding,naive_round_robin,naive_hash \
+        --workloads longconv:4:3,tools:16:3 --max-tokens 64 --timeout 500 \
+        --json benchmarks/results/engine_pool.json
 
-(``--system-rounds``: the slower agentbatch variants take one round, so the invocation fits
-about half an hour on a 2-core machine shared with other engineers' tests.)
+(The committed run, about 10 minutes. ``distributed`` can be added to ``--systems``, with
+``--system-rounds distributed:1`` to keep the invocation within half an hour on a 2-core
+machine.)
 
 ``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
 gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with
