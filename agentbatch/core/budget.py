@@ -121,6 +121,13 @@ class Budget:
 
     def record(self, before: AgentState, after: AgentState) -> None:
         """Account one committed transition (called for every state the engine commits)."""
+        if (before.status is after.status and before.turns == after.turns
+                and (self.prices is None or (after.usage == before.usage
+                                             and after.hedge_usage == before.hedge_usage))):
+            # Nothing to account: the same status and replies move no estimate, the same
+            # usage no spend. A turn's tool results take this way, one of its two commits
+            # (issue 26 item 5).
+            return
         self.work.record(before, after)
         if self.prices is None or (after.usage == before.usage
                                    and after.hedge_usage == before.hedge_usage):

@@ -150,6 +150,64 @@ def _child(metric: Any, *values: str) -> Any:
 # --- recording: one call at each place where it happens -----------------------------------
 
 
+class _BackendSeries:
+    """One backend's model-call series (and the reply counters every backend shares), each
+    looked up once per backend and process: ``_child``'s key and dict lookup, seven times a
+    turn, cost more than the increments themselves (issue 26 item 5). Each child is the very
+    object ``metric.labels(...)`` returns, made at the moment it was made before (in flight
+    on entering a call, latency on leaving it, the turn and token counters at the first
+    reply, time to first token at the first reply that has one), so the series exposed, and
+    when they appear, are unchanged."""
+
+    __slots__ = ("_inflight", "_latency", "_reply", "_ttft", "backend", "metrics")
+
+    def __init__(self, m: Metrics, backend: str) -> None:
+        self.metrics = m
+        self.backend = backend
+        self._inflight: Any = None
+        self._latency: Any = None
+        self._reply: tuple[Any, Any, Any, Any] | None = None
+        self._ttft: Any = None
+
+    def inflight(self) -> Any:
+        child = self._inflight
+        if child is None:
+            child = self._inflight = _child(self.metrics.model_inflight, self.backend)
+        return child
+
+    def latency(self) -> Any:
+        child = self._latency
+        if child is None:
+            child = self._latency = _child(self.metrics.model_latency, self.backend)
+        return child
+
+    def reply(self) -> tuple[Any, Any, Any, Any]:
+        """(turns replied, tokens prompt, cached, completion)."""
+        children = self._reply
+        if children is None:
+            m = self.metrics
+            children = self._reply = (_child(m.turns, "replied", ""), _child(m.tokens, "prompt"),
+                                      _child(m.tokens, "cached"), _child(m.tokens, "completion"))
+        return children
+
+    def ttft(self) -> Any:
+        child = self._ttft
+        if child is None:
+            child = self._ttft = _child(self.metrics.model_ttft, self.backend)
+        return child
+
+
+# backend name -> its series (bounded like ``_children``: one entry per backend of a batch)
+_backends: dict[str, _BackendSeries] = {}
+
+
+def _backend(backend: str) -> _BackendSeries:
+    series = _backends.get(backend)
+    if series is None or series.metrics is not _metrics:
+        series = _backends[backend] = _BackendSeries(metrics(), backend)
+    return series
+
+
 def model_call(backend: str) -> _ModelCall:
     """``with model_call(backend):`` around one model call: in flight while it runs, its
     latency, and a failure's kind (an ``Exception``; a cancellation is not a failure)."""
@@ -160,39 +218,41 @@ class _ModelCall:
     """``model_call``'s context manager, a plain class: a generator one cost more on every
     turn (issue 26 item 5)."""
 
-    __slots__ = ("_backend", "_inflight", "_start")
+    __slots__ = ("_backend", "_series", "_start")
 
     def __init__(self, backend: str) -> None:
         self._backend = backend
 
     def __enter__(self) -> None:
-        self._inflight = _child(metrics().model_inflight, self._backend)
-        self._inflight.inc()
+        self._series = series = _backend(self._backend)
+        series.inflight().inc()
         self._start = time.monotonic()
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        m = metrics()
+        series = self._series
         try:
             if isinstance(exc, Exception):
                 kind = str(getattr(exc, "kind", "internal"))
-                _child(m.turns, "failed", kind).inc()
+                _child(series.metrics.turns, "failed", kind).inc()
         finally:
-            self._inflight.dec()
-            _child(m.model_latency, self._backend).observe(time.monotonic() - self._start)
+            series.inflight().dec()
+            series.latency().observe(time.monotonic() - self._start)
 
 
 def record_reply(backend: str, response: ModelResponse) -> None:
     """A model call that replied: one turn, its tokens and its time to first token."""
-    m = metrics()
-    _child(m.turns, "replied", "").inc()
+    series = _backend(backend)
+    replied, prompt, cached, completion = series.reply()  # token series exist from here, at 0
+    replied.inc()
     usage = response.usage
-    for kind, n in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens),
-                    ("completion", usage.completion_tokens)):
-        tokens = _child(m.tokens, kind)  # the series exists from the first reply, at 0
-        if n > 0:
-            tokens.inc(n)
+    if usage.prompt_tokens > 0:
+        prompt.inc(usage.prompt_tokens)
+    if usage.cached_tokens > 0:
+        cached.inc(usage.cached_tokens)
+    if usage.completion_tokens > 0:
+        completion.inc(usage.completion_tokens)
     if response.ttft_s is not None:
-        _child(m.model_ttft, backend).observe(response.ttft_s)
+        series.ttft().observe(response.ttft_s)
 
 
 def record_agent_end(state: AgentState) -> None:
@@ -203,6 +263,22 @@ def record_agent_end(state: AgentState) -> None:
 
 def record_tool(tool: str, counter: str, n: int = 1) -> None:
     """One of ToolPool's per-tool counters moved (``calls``, ``executions``, ...)."""
+    child = _tool_children.get((tool, counter))
+    if child is None:
+        child = _tool_child(tool, counter)
+        if child is None:
+            return
+    child.inc(n)
+
+
+# (tool, counter) -> the child ``record_tool`` increments, once ``_tool_child`` made it: two
+# or three tool counters move on every tool call (issue 26 item 5). As bounded as
+# ``_children``; an entry for ``calls`` exists only once the tool's every series was made.
+_tool_children: dict[tuple[str, str], Any] = {}
+
+
+def _tool_child(tool: str, counter: str) -> Any:
+    """``record_tool``'s first call for ``(tool, counter)``: the series it makes, the child."""
     m = metrics()
     if counter == "calls" and (m.tool_calls, tool) not in _tools_made:
         # a tool's every counter exists from its first call (at 0)
@@ -210,8 +286,10 @@ def record_tool(tool: str, counter: str, n: int = 1) -> None:
             _child(getattr(m, other), tool, *labels.values())
         _tools_made.add((m.tool_calls, tool))
     name, extra = _TOOL_COUNTERS.get(counter, (None, {}))
-    if name is not None:
-        _child(getattr(m, name), tool, *extra.values()).inc(n)
+    if name is None:
+        return None
+    child = _tool_children[(tool, counter)] = _child(getattr(m, name), tool, *extra.values())
+    return child
 
 
 HEDGE_OUTCOMES = ("hedge_won", "original_won", "both_failed")

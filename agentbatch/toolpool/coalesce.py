@@ -50,7 +50,8 @@ class InflightCoalescer:
         task = self._inflight.get(key)
         shared = task is not None and not task.done()
         if not shared:
-            task = asyncio.ensure_future(self._execute(key, thunk))
+            # (``ensure_future`` of a coroutine is this, after checks the coroutine passes)
+            task = asyncio.get_running_loop().create_task(self._execute(key, thunk))
             self._inflight[key] = task
             task.add_done_callback(self._finished)
         assert task is not None

@@ -53,6 +53,9 @@ _TIMEOUT = getattr(asyncio, "timeout", None)
 log = logging.getLogger(__name__)
 
 _UNKNOWN = "(unknown tool)"
+# ``json.dumps(value, separators=(",", ":"))``'s encoder, made once: ``dumps`` builds a new one
+# on every call given an argument, and ``call_key`` runs on every tool call (issue 26 item 5)
+_KEY_JSON = json.JSONEncoder(separators=(",", ":"))
 _COUNTERS = ("calls", "executions", "cache_hits", "coalesced", "errors", "timeouts")
 # Results of share="fleet" tools, for pools given no fleet-wide cache: in one process, the
 # process is the fleet (embedded batches share them as distributed workers share Redis).
@@ -154,7 +157,7 @@ class ToolPool:
             except (TypeError, ValueError) as exc:
                 raise ToolError(f"error: tool {tool.name!r}: its cache_key returned "
                                 f"{type(key).__name__}, not a JSON value ({exc})") from None
-        return json.dumps([scope, tool.identity, part], separators=(",", ":"))
+        return _KEY_JSON.encode([scope, tool.identity, part])
 
     def stats(self) -> dict[str, Any]:
         """Counters (totals plus ``by_tool``): calls, executions, cache_hits, coalesced, ..."""
@@ -187,9 +190,9 @@ class ToolPool:
         except ArgumentsInvalid as exc:
             return self._error(call, str(exc))
 
-        limit = next(
-            (t for t in (timeout, tool.timeout, self.default_timeout) if t is not None), None
-        )
+        # the first given of: this call's, the tool's, the pool's (no generator on every call)
+        limit = timeout if timeout is not None else (
+            tool.timeout if tool.timeout is not None else self.default_timeout)
         try:
             key = self.call_key(tool, args, ctx)
         except ToolError as exc:  # the tool's cache_key raised: the call fails as data
@@ -245,7 +248,7 @@ class ToolPool:
                 if hit is not None:
                     state["cached"] = True
                     return hit
-            text = await self._execute(tool, args, ctx.under(lease))
+            text = await self._execute(tool, args, ctx, lease)
             if tool.cacheable:
                 await self._cache_set(cache, key, text)
             return text
@@ -255,14 +258,17 @@ class ToolPool:
         text, shared = await self._coalescer.run(key, execute, lock_ttl=tool.lock_ttl)
         return text, state.get("cached", False) and not shared, shared
 
-    async def _execute(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext) -> str:
-        """The shared execution: rate limit, then the function under the tool's timeout."""
+    async def _execute(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext,
+                       lease: Lease) -> str:
+        """The shared execution: rate limit, then the function under the tool's timeout. The
+        tool gets ``ctx`` as seen under ``lease`` (made only for a tool that takes a context:
+        nothing else reads it)."""
         bucket = self._buckets.get(tool.name)
         if bucket is not None:
             await bucket.acquire()
         kwargs = dict(args.kwargs)
         if tool.spec.context_param:
-            kwargs[tool.spec.context_param] = ctx
+            kwargs[tool.spec.context_param] = ctx.under(lease)
         self._bump(tool.name, "executions")
         limit = tool.timeout if tool.timeout is not None else self.default_timeout
         invocation = _invoke(tool, kwargs)

@@ -73,6 +73,12 @@ async def fit_request(rt: BatchRuntime, state: AgentState,
     budget = await _budget(rt, request)
     if budget is None:
         return Fitted(request, None)
+    quick = _quick_json_bytes(request.messages)
+    if quick is not None and (quick + cp.MESSAGE_OVERHEAD_TOKENS * len(request.messages)
+                              + _tools_bound(request.tools)) <= budget.target:
+        # at least ``measure``'s bound, so that bound is within the target too: the very
+        # outcome ``measure`` gives below, without the JSON text of the whole conversation
+        return Fitted(request, "estimated")
     size, how = await measure(rt.backend, request.messages, request.tools, budget.target)
     if size <= budget.target:
         return Fitted(request, how)
@@ -116,6 +122,61 @@ async def measure(backend: Backend, messages: list[Message], tools: list[dict[st
     if counted is not None:
         return counted, "counted"
     return cp.estimate_tokens(messages, tools), "estimated"
+
+
+_QUICK_DEPTH = 8  # deeper values are left to the exact count
+_QUICK_PER_CHAR = 6  # the most JSON bytes an ASCII character becomes ("\\u001f")
+
+
+def _quick_json_bytes(value: Any, depth: int = 0) -> int | None:
+    """At least ``compaction._json_bytes(value)`` (the UTF-8 bytes of its compact JSON),
+    without making that text; None when this cannot tell (then the caller counts exactly).
+
+    An ASCII string is bounded by six bytes a character plus its quotes (JSON escapes a
+    control character as ``\\u00XX``, a quote or backslash as two), containers by their
+    brackets, separators and keys. Anything JSON might render otherwise (floats, non-ASCII
+    text, non-string keys, other types, deep nesting) is left to the exact count. Loose by
+    design: it only has to clear a limit far above the conversation, which is then encoded
+    once, to be sent, instead of twice (issue 26 item 5)."""
+    cls = value.__class__
+    if cls is str:
+        return _QUICK_PER_CHAR * len(value) + 2 if value.isascii() else None
+    if cls is dict:
+        if not value:
+            return 2
+        if depth >= _QUICK_DEPTH:
+            return None
+        size = 1 + len(value)  # the braces and the commas between items
+        for key, item in value.items():
+            if key.__class__ is not str or not key.isascii():
+                return None
+            if item.__class__ is str and item.isascii():  # inline: most values are text
+                size += _QUICK_PER_CHAR * (len(key) + len(item)) + 5  # 2 quotes each, ':'
+            elif item is None:
+                size += _QUICK_PER_CHAR * len(key) + 7  # '"key":null'
+            else:
+                sub = _quick_json_bytes(item, depth + 1)
+                if sub is None:
+                    return None
+                size += _QUICK_PER_CHAR * len(key) + 3 + sub
+        return size
+    if cls is list:
+        if not value:
+            return 2
+        if depth >= _QUICK_DEPTH:
+            return None
+        size = 1 + len(value)  # the brackets and the commas between items
+        for item in value:
+            sub = _quick_json_bytes(item, depth + 1)
+            if sub is None:
+                return None
+            size += sub
+        return size
+    if value is None or cls is bool:
+        return 5  # null, true, false
+    if cls is int:
+        return len(int.__repr__(value))
+    return None
 
 
 _TOOLS_BOUND: tuple[list[dict[str, Any]] | None, int] = (None, 0)  # a copy of the last tools
