@@ -109,6 +109,23 @@ def price(prices: Mapping[str, float], key: str) -> float:
     raise KeyError(f"the price table has no {key!r}")
 
 
+def batch_price_ratio(prices: Mapping[str, float] | None, default: float) -> float:
+    """What a provider batch turn costs against a sync one: the batch price over the sync
+    price, the larger of the prompt's and the completion's (a turn's token mix is not known
+    when it is routed, so the dearer case decides). ``default`` without a price table or
+    batch prices; 1 where the sync price is 0 (a batch can save nothing)."""
+    if not prices:
+        return default
+    ratios = []
+    for kind in ("prompt", "completion"):
+        try:
+            sync, batch = price(prices, kind), price(prices, f"batch_{kind}")
+        except KeyError:
+            return default
+        ratios.append(batch / sync if sync > 0 else 1.0)
+    return max(ratios)
+
+
 def cost_usd(usage: Usage, prices: Mapping[str, float], *, batch: bool = False) -> float:
     """What ``usage`` costs: uncached prompt, cached prompt and completion tokens each at
     their price (the ``batch_`` ones for a provider batch turn)."""

@@ -38,7 +38,8 @@ read is not known (``stat:hedge_won_by_sync`` bounds it).
 
 A hedge's sync request is billed whether or not its answer is committed. So before sending it,
 the worker records the intent in the batch's ``pbatch`` hash (``hedge_intent``: field
-``"s:<index>:<version>"`` -> its lease token, one round trip per hedge, none per other turn),
+``"s:<index>:<version>"`` -> its lease token, one round trip per hedge, none per other turn;
+the same for a failed item sent to the sync API, ``provider_batch_fallback_sync``),
 and the same round trip that drops the turn's record after its commit drops it
 (``forget``). A worker killed with the request in flight (or whose lease lapsed) leaves it,
 and whoever takes the turn over counts it, once, in ``stat:hedge_sync_paid_unknown`` (a
@@ -115,7 +116,7 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.core.wait_for import wait_for
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.distributed.workers.batch_stats import BatchStats
-from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router
+from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router, route_q_for
 from agentbatch.turnloop.batch_turns import (
     CLOSE_BILL_S,
     MAX_POLL_S,
@@ -268,7 +269,7 @@ class ProviderBatches:
                         if sub.size is not None and batch_id in self._owners.get(pb, {})]
 
             router = Router(mode, plan.deadline_at, plan.total, clock=redis_clock,
-                            running=running)
+                            running=running, route_q=route_q_for(plan.prices))
             if len(self._routers) > 256:  # finished batches' routers: the oldest go
                 oldest = next(iter(self._routers))
                 for kept in (self._routers, self._live, self._finished):

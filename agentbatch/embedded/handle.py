@@ -33,6 +33,7 @@ from agentbatch.embedded.progress import embedded_snapshot
 from agentbatch.toolpool import ToolPool, TTLCache
 from agentbatch.turnloop.backpressure import BackpressureGate
 from agentbatch.turnloop.batch_api import require_batch_client
+from agentbatch.turnloop.batch_routing import route_q_for
 from agentbatch.turnloop.batch_turns import ProviderBatchTurns
 from agentbatch.turnloop.compile import CompiledBatch
 from agentbatch.turnloop.handle import BatchHandle
@@ -123,9 +124,10 @@ class EmbeddedHandle(BatchHandle):
         if pricing == "sync":
             return None
         client = await require_batch_client(backend, self.compiled.plan.backends, pricing)
+        plan = self.compiled.plan
         return ProviderBatchTurns(client, backend, mode=pricing, deadline=self._deadline,
-                                  total=self.total,
-                                  concurrency=inflight_limit(self.compiled.plan, backend))
+                                  total=self.total, concurrency=inflight_limit(plan, backend),
+                                  route_q=route_q_for(plan.prices))
 
     async def _run(self, rt: BatchRuntime) -> None:
         assert self.engine is not None

@@ -7,24 +7,26 @@ on the latencies it observed itself (like ``hedge_after``'s per-worker p95s), wi
 turns and the batch's live count read from the state and meta it already has.
 
 ``route``: a turn goes to the batch API while the agent's projected finish -- this turn at
-the ``ROUTE_Q`` batch latency, its remaining turns at the sync latency -- stays inside the
-deadline, or while the sync API would not finish the turn sooner (a sync path backed up
-past a batch round gains the deadline nothing); else to the sync API. ``ROUTE_Q`` is the
-break-even chance of the batch answering in time: a batch turn not answered by its hedge time
-races the sync API, and then pays the sync price as well as the batch's (whose item is billed
-when the batch completes: 366 of 400 hedges in a bench_cost all-batch run). At a batch price
-``b`` of the sync price, the batch route costs ``b + (1 - p)`` for a turn answered in time
-with chance ``p``, the sync route 1: the batch pays while ``p > b``, and the batch APIs cost
-half (OpenAI's, Anthropic's). Routing at the p90 instead (before) sent the last turn of
-almost every agent to the sync API when the deadline was short: bench_cost at 0.8x the
-all-batch wall, 871 of 1,000 agents' last turns, where the clairvoyant bound needed 384;
-their third turn started ~18 s in, the p90 batch turn (13.3 s) and ``SAFETY_S`` fitting
-only before ~14.6 s, while the median batch turn (9.0 s) would have fitted. The quantiles count
-the provider batches still open as censored at their age (``Latencies``): the first to end
-are the fast ones. The sync latency is measured, not assumed: the first turn ``"auto"``
-routes goes to the sync API (a probe; ``PRIOR_SYNC_S`` stands in until it answers). At the
-batch's tail (at most ``TAIL_SHARE`` of its agents still running) an agent's last estimated
-turn goes to the sync API: nobody waits a batch round for it.
+the ``route_q`` batch latency, its remaining turns at the sync latency -- stays inside the
+deadline, or while the sync API would not finish the turn sooner (a sync path backed up past
+a batch round gains the deadline nothing); else to the sync API. ``route_q`` is the break-
+even chance of the batch answering in time: a batch turn not answered by its hedge time
+races the sync API, and then pays the sync price as well as the batch's (whose item is
+billed when the batch completes: 366 of 400 hedges in a bench_cost all-batch run). At a
+batch price ``b`` of the sync price, the batch route costs ``b + (1 - p)`` for a turn
+answered in time with chance ``p``, the sync route 1: the batch pays while ``p > b``. So
+``route_q`` is ``b`` from the batch's price table (``pricing.batch_price_ratio``),
+``ROUTE_Q`` (the batch APIs' half price, OpenAI's and Anthropic's) without one. Routing at
+the p90 instead (before) sent the last turn of almost every agent to the sync API when the
+deadline was short: bench_cost at 0.8x the all-batch wall, 871 of 1,000 agents' last turns,
+where the clairvoyant bound needed 384; their third turn started ~18 s in, the p90 batch
+turn (13.3 s) and ``SAFETY_S`` fitting only before ~14.6 s, while the median batch turn (9.0
+s) would have fitted. The quantiles count the provider batches still open as censored at
+their age (``Latencies``): the first to end are the fast ones. The sync latency is measured,
+not assumed: the first turn ``"auto"`` routes goes to the sync API (a probe;
+``PRIOR_SYNC_S`` stands in until it answers). At the batch's tail (at most ``TAIL_SHARE`` of
+its agents still running) an agent's last estimated turn goes to the sync API: nobody waits
+a batch round for it.
 
 A sync turn is not one request's latency when many are sent at once: they queue (inference
 slots, the client's in-flight cap, the server). So a sync turn is estimated from the sync
@@ -67,9 +69,11 @@ import contextlib
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from agentbatch.core.pricing import batch_price_ratio
 
 Route = Literal["sync", "batch"]
 WINDOW_S = 0.25  # turns ready this close together share one provider batch
@@ -80,10 +84,19 @@ CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
 TAIL_SHARE = 0.1
 ROUTE_Q = 0.5  # the batch latency quantile a routed batch turn must fit: the batch price
-# over the sync price, the break-even chance to be answered before a hedge (module doc)
+# over the sync price, the break-even chance to be answered before a hedge (module doc);
+# this one where the batch has no price table
+ROUTE_Q_RANGE = (0.05, 0.99)  # a price ratio is clamped to this: batch routing stays possible
 RATE_TAU_S = 10.0  # the sync throughput forgets what it saw this many busy seconds ago
 PRIOR_TURNS = 2.0  # the throughput's prior: this many turns answered one at a time
 GRANT_S = 10.0  # a hedge decided counts against the cap this long before its request starts
+
+
+def route_q_for(prices: Mapping[str, Mapping[str, float]] | None) -> float:
+    """The routing quantile for a batch with ``prices`` (the plan's: the batch model's entry
+    only): its batch price over its sync price, ``ROUTE_Q`` without a table."""
+    entry = next(iter(prices.values()), None) if prices else None
+    return batch_price_ratio(entry, ROUTE_Q)
 
 
 @dataclass
@@ -218,8 +231,10 @@ class Router:
     def __init__(self, mode: Literal["batch", "auto"], deadline: float | None, total: int, *,
                  clock: Callable[[], float] = time.monotonic,
                  running: Callable[[], Iterable[tuple[float, int]]] = _no_open,
-                 concurrency: int = 1) -> None:
+                 concurrency: int = 1, route_q: float = ROUTE_Q) -> None:
         self.mode = mode
+        # the batch latency quantile a routed batch turn must fit (module doc)
+        self.route_q = min(max(route_q, ROUTE_Q_RANGE[0]), ROUTE_Q_RANGE[1])
         self.deadline = deadline  # in ``clock``'s time
         self.total = total
         self.clock = clock
@@ -291,7 +306,7 @@ class Router:
             return self._to_sync("routed_sync_probe")  # latency for routing
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
             return self._to_sync("routed_sync_tail")
-        batch = self.batch_estimate(ROUTE_Q) or 0.0
+        batch = self.batch_estimate(self.route_q) or 0.0
         per_sync = self.sync_estimate()  # behind the sync path's backlog
         finish = self.clock() + batch + (turns_left - 1) * per_sync + SAFETY_S
         if finish > self.deadline and (batch == 0.0 or per_sync < batch):

@@ -59,6 +59,7 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.core.wait_for import wait_for
 from agentbatch.metrics import record_hedge_loser_tokens
 from agentbatch.turnloop.batch_routing import (
+    ROUTE_Q,
     SAFETY_S,
     WINDOW_S,
     Latencies,
@@ -146,14 +147,14 @@ class ProviderBatchTurns:
 
     def __init__(self, client: ProviderBatchClient, backend: Backend, *,
                  mode: Literal["batch", "auto"], deadline: float | None, total: int,
-                 concurrency: int = 1) -> None:
+                 concurrency: int = 1, route_q: float = ROUTE_Q) -> None:
         self.client = client
         self.backend = backend
         self.mode = mode
         self.total = total
         # ``concurrency``: the engine's in-flight cap, what the sync path runs at once
         self.router = Router(mode, deadline, total, running=self._running,  # monotonic
-                             concurrency=concurrency)
+                             concurrency=concurrency, route_q=route_q)
         self.stats = self.router.stats  # what routing and the batches did, one counter
         self._pending: list[tuple[str, ModelRequest]] = []
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}

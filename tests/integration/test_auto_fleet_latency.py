@@ -156,3 +156,21 @@ def test_real_workers_share_the_latencies_of_the_provider_batches_that_ended(
         sizes = {len(job.items) for job in jobs(sim)}
         assert {int(entry.split(":")[1]) for entry in shared} <= sizes, shared
         assert all(float(entry.split(":")[0]) >= 0.5 for entry in shared), shared
+
+
+def test_a_workers_router_routes_at_the_batchs_price_ratio(redis_url: str) -> None:
+    """The routing quantile comes from the plan's price table on a worker too (the batch
+    price over the sync price, ``batch_routing.route_q_for``), half without one."""
+    async def scenario() -> tuple[float, float]:
+        client = async_client(redis_url)
+        await sync_clock(client, force=True)
+        dear = _plan("dear", "auto", 600.0).model_copy(update={"prices": {"m": {
+            "prompt": 1.0, "completion": 2.0, "batch_prompt": 0.8, "batch_completion": 1.2}}})
+        plain = _plan("plain", "auto", 600.0)
+        worker = _worker(client)
+        try:
+            return worker.router(dear).route_q, worker.router(plain).route_q
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == (0.8, 0.5)

@@ -90,3 +90,38 @@ def test_a_worker_killed_during_its_sync_hedge_leaves_the_paid_request_counted(
     assert f"batch {handle.batch_id}: agent 0 v" in logged, logged[-2000:]
     assert "stat:hedge_sync_paid_unknown" in logged
 
+
+
+FALLBACK = "\n@simbatch fail\n@sim fail timeout times=1"
+
+
+def test_a_worker_killed_during_its_sync_fallback_leaves_the_paid_request_counted(
+        sim: SimServer, redis_url: str, start_workers) -> None:
+    """The same for a turn whose provider batch item failed and went to the sync API
+    (``provider_batch_fallback_sync``): that request is billed too."""
+    [first] = start_workers(1, concurrency=8)
+    inputs = [{"i": i, "hold": FALLBACK if i == 0 else ""} for i in range(N)]
+    handle = submit_batch(TASK, inputs, model=MODEL, backend=sim_url(sim),
+                          output_schema=Answer, prices=PRICES, warm_prefix=False, max_turns=2,
+                          pricing="batch", deadline=DEADLINE_S, redis_url=redis_url)
+
+    def read() -> tuple[dict[str, int], int]:
+        return handle.status(), sync_requests(sim)
+
+    def held(seen: tuple[dict[str, int], int]) -> bool:
+        counts, received = seen  # agent 0's fallback request reached the simulator
+        return counts.get("stat:provider_batch_fallback_sync", 0) == 1 and received == 1
+
+    poll_until(read, held, lambda seen: f"no held fallback yet: {seen}", timeout=90)
+    first.kill()  # SIGKILL with agent 0's sync request in flight
+    [second] = start_workers(1, concurrency=8)
+
+    results = handle.wait(timeout=WAIT_S)
+    assert len(results) == N and all(r.ok for r in results), \
+        [r.error for r in results if not r.ok][:3]
+    counts = handle.status()
+    assert sync_requests(sim) == 2  # agent 0's turn went to the sync API twice
+    assert counts.get("stat:hedge_sync_paid_unknown", 0) == 1, counts
+    assert counts["stat:recovered"] >= 1
+    logged = second.log_path.read_text(errors="replace")
+    assert f"batch {handle.batch_id}: agent 0 v" in logged, logged[-2000:]

@@ -1,13 +1,22 @@
 """``batch_routing.Router`` near a short deadline (both engines): where an agent's last turn
-goes (``ROUTE_Q``, the break-even chance of the batch answering before the turn's hedge),
+goes (``route_q``, the break-even chance of the batch answering before the turn's hedge:
+the batch price over the sync price, ``ROUTE_Q`` without a price table),
 and that the hedges due inside the last ``SAFETY_S`` still go. Decisions given what the
 router observed: no I/O, no sleeps, a fixed router clock."""
 
 from __future__ import annotations
 
-from agentbatch.turnloop.batch_routing import SAFETY_S, WINDOW_S, Router
+from agentbatch.turnloop.batch_routing import (
+    ROUTE_Q,
+    ROUTE_Q_RANGE,
+    SAFETY_S,
+    WINDOW_S,
+    Router,
+    route_q_for,
+)
 
 NOW = 1000.0
+PRICES = {"m": {"prompt": 1.0, "completion": 2.0, "batch_prompt": 0.5, "batch_completion": 1.0}}
 
 
 def _auto(deadline: float) -> Router:
@@ -50,3 +59,33 @@ def test_due_hedges_inside_the_safety_margin_are_not_refused() -> None:
             sent.append(turn)
     assert sent == list(range(12))
     assert router.stats["hedge_capped"] == 0
+
+
+def _auto_priced(deadline: float, route_q: float) -> Router:
+    router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8,
+                    route_q=route_q)
+    for _ in range(3):
+        router.sync_latency.add(0.1)
+    for seconds in range(5, 15):
+        router.batch_latency.add(float(seconds), 8)
+    return router
+
+
+def test_the_quantile_is_the_batch_price_over_the_sync_price() -> None:
+    # fits at the median (9 s) but not at the p80 (~12 s): at half price the batch pays, at
+    # 80% of the sync price a turn must be answered in time 4 times in 5 to pay
+    deadline = NOW + 10.0 + WINDOW_S + SAFETY_S
+    assert _auto_priced(deadline, route_q_for(PRICES)).route(1, 100) == "batch"
+    dear = {"m": {**PRICES["m"], "batch_prompt": 0.8, "batch_completion": 1.6}}
+    assert route_q_for(dear) == 0.8
+    assert _auto_priced(deadline, route_q_for(dear)).route(1, 100) == "sync"
+
+
+def test_the_dearer_kind_decides_and_no_table_means_half_price() -> None:
+    mixed = {"m": {**PRICES["m"], "batch_completion": 1.5}}  # completion at 75%
+    assert route_q_for(mixed) == 0.75
+    assert route_q_for(None) == ROUTE_Q == 0.5
+    assert route_q_for({"m": {"prompt": 1.0, "completion": 2.0}}) == ROUTE_Q  # no batch_*
+    free = {"m": {**PRICES["m"], "prompt": 0.0, "batch_prompt": 0.0}}
+    assert route_q_for(free) == 1.0  # nothing to save on a free prompt: clamped below
+    assert Router("auto", NOW + 60, total=1, route_q=1.0).route_q == ROUTE_Q_RANGE[1]

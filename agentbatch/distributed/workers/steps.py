@@ -342,6 +342,8 @@ async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: Agen
                     "to the sync API", state.index, loaded.plan.batch_id, item.error.kind,
                     item.error.message)
         await ctx.note(loaded.plan.batch_id, "provider_batch_fallback_sync")
+        # billed once sent, as a hedge is: a worker killed with it in flight is counted
+        await provider.hedge_intent(store, state.index, state.version, token)
         response = await sync_api(request)
         served.append(False)
         return response
