@@ -19,10 +19,11 @@ NOW = 1000.0
 PRICES = {"m": {"prompt": 1.0, "completion": 2.0, "batch_prompt": 0.5, "batch_completion": 1.0}}
 
 
-def _auto(deadline: float) -> Router:
+def _auto(deadline: float, route_q: float = ROUTE_Q) -> Router:
     """An ``"auto"`` router whose probe has answered (sync turns 0.1 s), having seen ten
     provider batches of 8 turns take 5, 6, ..., 14 s: median 9 s, p90 13 s."""
-    router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8)
+    router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8,
+                    route_q=route_q)
     for _ in range(3):
         router.sync_latency.add(0.1)
     for seconds in range(5, 15):
@@ -61,24 +62,14 @@ def test_due_hedges_inside_the_safety_margin_are_not_refused() -> None:
     assert router.stats["hedge_capped"] == 0
 
 
-def _auto_priced(deadline: float, route_q: float) -> Router:
-    router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8,
-                    route_q=route_q)
-    for _ in range(3):
-        router.sync_latency.add(0.1)
-    for seconds in range(5, 15):
-        router.batch_latency.add(float(seconds), 8)
-    return router
-
-
 def test_the_quantile_is_the_batch_price_over_the_sync_price() -> None:
     # fits at the median (9 s) but not at the p80 (~12 s): at half price the batch pays, at
     # 80% of the sync price a turn must be answered in time 4 times in 5 to pay
     deadline = NOW + 10.0 + WINDOW_S + SAFETY_S
-    assert _auto_priced(deadline, route_q_for(PRICES)).route(1, 100) == "batch"
+    assert _auto(deadline, route_q_for(PRICES)).route(1, 100) == "batch"
     dear = {"m": {**PRICES["m"], "batch_prompt": 0.8, "batch_completion": 1.6}}
     assert route_q_for(dear) == 0.8
-    assert _auto_priced(deadline, route_q_for(dear)).route(1, 100) == "sync"
+    assert _auto(deadline, route_q_for(dear)).route(1, 100) == "sync"
 
 
 def test_the_dearer_kind_decides_and_no_table_means_half_price() -> None:
