@@ -137,12 +137,14 @@ class BatchOptions:
         "(docs/backends.md)."))
     pool_routing: PoolRouting = field(default="affinity", metadata=_doc(
         'with a pool of >= 2 endpoints (``backend=[url, url, ...]``), where each model turn '
-        'goes. ``"affinity"``: to its agent\'s home endpoint (rendezvous hashing of the '
-        "agent's key, the same in every process), so the server that holds the agent's "
-        "conversation in its prefix cache serves its next turn; it moves to the agent's next "
-        "choice only when the home is ejected, has just failed, or is past "
-        '``pool_load_factor`` (each move counted). ``"least_outstanding"``: to the endpoint '
-        "with the fewest requests in flight, ties in turn, with no regard to the agent. "
+        'goes. ``"affinity"``: to its agent\'s home endpoint, the one that served its last '
+        "turn (kept in the agent's state, so the same in every process), which holds its "
+        "conversation in its prefix cache; a first turn, with no home yet, to the endpoint "
+        "with the fewest requests in flight (ties by rendezvous hashing of the agent's key). "
+        "A turn moves to the agent's next choice only when the home is ejected, has just "
+        'failed, or is past ``pool_load_factor`` (each move counted). ``"least_outstanding"``: '
+        "to the endpoint with the fewest requests in flight, ties in turn, with no regard to "
+        "the agent. "
         '``"least_outstanding"`` on one endpoint is refused (docs/backends.md).'))
     pool_load_factor: float = field(default=DEFAULT_POOL_LOAD_FACTOR, metadata=_doc(
         'with ``pool_routing="affinity"`` on a pool: an agent\'s turn leaves its home endpoint '
