@@ -47,6 +47,15 @@ from tests.support.redis_server import RedisServer
 from tests.support.workers import REPO, WorkerProcess
 
 UNLOADABLE_AGENTS = 20
+PROGRESS_POLL_S = 0.05  # how often the fault timer also looks at the batch's progress
+
+
+def faults_for_kills(min_kills: int, pause_every: int) -> int:
+    """How many faults make ``min_kills`` kills when every ``pause_every``-th is a pause."""
+    n = min_kills
+    while pause_every and n - n // pause_every < min_kills:
+        n += 1
+    return n
 
 
 @dataclass
@@ -215,11 +224,27 @@ def run_once(cfg: ChaosConfig, redis_url: str, backend: str, chaos: bool,
 
     faults_wall: list[float] = []  # time.time() of each kill or pause, for recovery times
 
+    events = faults_for_kills(cfg.min_kills, cfg.pause_every)
+    meta_key = BatchKeys(batch_id).meta
+
+    def due_by_progress(n: int) -> bool:
+        """Fault ``n + 1`` is due once ``n + 1`` shares of the agents are delivered (the
+        ``events`` faults spread over the batch): a batch that runs faster than the timer
+        still gets its faults while it runs, not after it ended."""
+        delivered = int(r.hget(meta_key, "delivered") or 0)
+        return delivered >= (n + 1) * cfg.agents / (events + 1)
+
     def killer() -> None:
         interval = cfg.kill_interval_s or max((expected_wall or 30.0) / (cfg.min_kills + 3),
                                               0.5)
         n = 0
-        while not done.wait(rng.uniform(0.6 * interval, 1.2 * interval)):
+        while not done.is_set():
+            at = time.monotonic() + rng.uniform(0.6 * interval, 1.2 * interval)
+            while not done.wait(PROGRESS_POLL_S):
+                if time.monotonic() >= at or (n < events and due_by_progress(n)):
+                    break
+            if done.is_set():
+                break
             n += 1
             faults_wall.append(time.time())
             if cfg.pause_every and n % cfg.pause_every == 0:
