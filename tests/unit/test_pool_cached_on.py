@@ -88,8 +88,8 @@ async def _in_flight(backends: list[ScriptedBackend], n: int) -> None:
 
 async def test_first_turns_are_spread_by_load_not_by_hash() -> None:
     # four agents whose rendezvous home is "a", first turns in flight at once: they split 2/2
-    # (before: all four on "a" with the default factor), and no move is counted since none
-    # had a home yet. Their second turns each go where their first ran.
+    # (before: a, a, b, a, the third counted as a load move), and no move is counted since
+    # none had a home yet. Their second turns each go where their first ran.
     hold = asyncio.Event()
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends))
