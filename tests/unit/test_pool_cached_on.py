@@ -23,6 +23,7 @@ from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.core.output import OutputContract
 from agentbatch.core.turns import ModelReplied, TurnPolicy, step
 from tests.support.fake_backend import ScriptedBackend
+from tests.unit.test_pool_options import _route_held
 
 NAMES = ["a", "b"]
 
@@ -64,10 +65,7 @@ async def test_a_moved_agent_stays_where_it_moved() -> None:
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends), load_factor=1.0)
     keys = _homed_on(0, 4)
-    tasks = []
-    for n, key in enumerate(keys, 1):
-        tasks.append(asyncio.create_task(pool.complete(_request(key, cached_on="a"))))
-        await _in_flight(backends, n)
+    tasks = await _route_held(pool, keys, cached_on="a")
     hold.set()
     replies = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [r.endpoint for r in replies] == ["a", "a", "b", "b"]
@@ -78,14 +76,6 @@ async def test_a_moved_agent_stays_where_it_moved() -> None:
     assert pool.moves() == {"load": 2, "failover": 0}  # none went back to its hash home
 
 
-async def _in_flight(backends: list[ScriptedBackend], n: int) -> None:
-    for _ in range(100):
-        if sum(b.active for b in backends) == n:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{n} turns never got in flight")
-
-
 async def test_first_turns_are_spread_by_load_not_by_hash() -> None:
     # four agents whose rendezvous home is "a", first turns in flight at once: they split 2/2
     # (before: a, a, b, a, the third counted as a load move), and no move is counted since
@@ -94,10 +84,7 @@ async def test_first_turns_are_spread_by_load_not_by_hash() -> None:
     backends = [ScriptedBackend(name="a", hold=hold), ScriptedBackend(name="b", hold=hold)]
     pool = EndpointPool(list(backends))
     keys = _homed_on(0, 4)
-    tasks = []
-    for n, key in enumerate(keys, 1):
-        tasks.append(asyncio.create_task(pool.complete(_request(key))))
-        await _in_flight(backends, n)
+    tasks = await _route_held(pool, keys)
     hold.set()
     replies = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [r.endpoint for r in replies] == ["a", "b", "a", "b"]
