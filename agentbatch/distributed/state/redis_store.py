@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch.core.agent_state import AgentState
+from agentbatch.core.agent_state import AgentState, AgentStatus
 from agentbatch.core.model_io import ToolOutcome
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.results import ToolCallRecord
@@ -434,7 +434,10 @@ class BatchStore:
         A provider-batch turn's sync hedge request the version's last holder had in flight
         (its intent in ``pbatch``, ``provider_batches.hedge_intent``) was paid and is in no
         commit: the same script counts it (``stat:hedge_sync_paid_unknown``), and it is
-        logged here, naming the batch and the agent."""
+        logged here, naming the batch and the agent. So is a started model turn's plain
+        sync request (``stat:sync_turn_maybe_paid``: its worker may have sent it; none of
+        its tokens are known), unless the turn is in a provider batch the re-sent turn
+        adopts."""
         k = self.k
         n, paid = await self.s.resend(
             keys=[k.state, k.lease(state.index), k.watch, k.resends, k.meta, k.audit,
@@ -442,13 +445,19 @@ class BatchStore:
             args=[state.index, state.version, now_ms(), recheck_ms, max_resends,
                   "1" if audit else "0", k.member(state.index),
                   "" if seen_score is None else seen_score,
-                  json_array(payload for _, payload in enqueue)],
+                  json_array(payload for _, payload in enqueue),
+                  "1" if state.status is AgentStatus.NEEDS_MODEL else "0"],
         )
-        if int(paid):
+        if int(paid) == 1:
             log.warning("batch %s: agent %s v%s was taken over while its worker's sync hedge "
                         "request was in flight; the provider bills it, its tokens are not "
                         "known (stat:hedge_sync_paid_unknown)", self.batch_id, state.index,
                         state.version)
+        elif int(paid) == 2:
+            log.warning("batch %s: agent %s v%s was taken over after its worker started the "
+                        "model turn; its request may have been sent and billed, its tokens "
+                        "are not known (stat:sync_turn_maybe_paid)", self.batch_id,
+                        state.index, state.version)
         return int(n)
 
     async def tool_running(self, index: int, version: int, ttl_ms: int, lock: str = "",
