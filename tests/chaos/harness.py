@@ -3,10 +3,11 @@
 It runs 1,000 agents x 3 tool rounds (by default) on the simulator with 4 inference-worker and
 2 tool-worker processes, SIGKILLs a random worker every few seconds, or sooner once the next
 share of the agents is delivered, so a fast batch still gets its faults while it runs (and
-restarts it), pauses one past its lease now and then (SIGSTOP, then SIGCONT), pushes malformed messages onto both
-queues, runs a batch the workers cannot open beside the real one, has a few agents hit a bug
-inside ``step()``, SIGKILLs the submitting process mid-run and re-attaches from a new one,
-then checks the invariants against Redis itself and writes a JSON report, with the p99 time
+restarts it), pauses one past its lease now and then (SIGSTOP, then SIGCONT), pushes
+malformed messages onto both queues, runs a batch the workers cannot open beside the real
+one, has a few agents hit a bug inside ``step()``, SIGKILLs the submitting process mid-run
+and re-attaches from a new one, then checks the invariants against Redis itself and writes a
+JSON report, with the p99 time
 from a worker fault to the next commit of each agent the sweep recovered. The same batch
 without chaos runs first, in the same invocation, so the report gives the overhead of the
 kills.
