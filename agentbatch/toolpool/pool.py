@@ -26,7 +26,7 @@ import asyncio
 import inspect
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import pydantic_core
@@ -41,7 +41,7 @@ from agentbatch.core.tool_schema import ArgumentsInvalid, ValidatedArgs
 from agentbatch.core.wait_for import wait_for
 from agentbatch.metrics import record_tool
 from agentbatch.toolpool.cache import ResultCache, TTLCache
-from agentbatch.toolpool.coalesce import Coalescer, InflightCoalescer
+from agentbatch.toolpool.coalesce import Coalescer, InflightCoalescer, Thunk
 from agentbatch.toolpool.ratelimit import TokenBucket
 from agentbatch.toolpool.sync_runner import run_sync
 
@@ -199,14 +199,21 @@ class ToolPool:
             return self._error(call, str(exc))
         state: dict[str, bool] = {}
         try:
-            resolving = self._resolve(tool, key, args, ctx, state)
-            if limit is None:
-                text, cached, shared = await resolving
+            if self._waits_in_coalescer(tool, ctx):
+                # nothing to await before the in-process coalescer: it bounds this caller's
+                # wait itself (a timer on the caller's future: no cancel, no scope per call)
+                text, shared = await cast(InflightCoalescer, self._coalescer).run(
+                    key, self._thunk(tool, key, args, ctx, state), lock_ttl=tool.lock_ttl,
+                    timeout=limit)
+                cached = state.get("cached", False) and not shared
+            elif limit is None:
+                text, cached, shared = await self._resolve(tool, key, args, ctx, state)
             elif _TIMEOUT is not None:  # 3.11+: the deadline on this task, no task of its own
                 async with _TIMEOUT(limit):  # (wait_for made one, and a future, per call)
-                    text, cached, shared = await resolving
+                    text, cached, shared = await self._resolve(tool, key, args, ctx, state)
             else:
-                text, cached, shared = await wait_for(resolving, limit)
+                text, cached, shared = await wait_for(
+                    self._resolve(tool, key, args, ctx, state), limit)
         except asyncio.TimeoutError:
             self._bump(tool.name, "timeouts")
             return self._error(call, _timeout_message(tool.name, limit))
@@ -232,31 +239,48 @@ class ToolPool:
         runs = (self.run(c, x, timeout=timeout) for c, x in zip(calls, contexts, strict=True))
         return list(await asyncio.gather(*runs))
 
+    def _waits_in_coalescer(self, tool: Tool, ctx: ToolContext) -> bool:
+        """Whether ``run`` goes straight to the in-process coalescer: no cache to read first,
+        no lease held (that call runs directly), and a coalescer that takes the caller's
+        timeout (``InflightCoalescer``; any other gets the timeout around ``_resolve``)."""
+        return (not tool.cacheable and (tool.shares_calls or ctx.lease is None)
+                and isinstance(self._coalescer, InflightCoalescer))
+
     async def _resolve(self, tool: Tool, key: str, args: ValidatedArgs, ctx: ToolContext,
                        state: dict[str, bool]) -> tuple[str, bool, bool]:
         """(text, served from cache, shared another caller's execution)."""
-        cache = self._fleet_cache if tool.share == "fleet" else self._cache
         if tool.cacheable:
+            cache = self._fleet_cache if tool.share == "fleet" else self._cache
             hit = await self._cache_get(cache, key)
             if hit is not None:  # capped again: a fleet-wide entry may come from a larger cap
                 return cap_output(hit, self.output_limit(tool)), True, False
-
-        async def execute(lease: Lease) -> str:
-            state["started"] = True
-            if tool.cacheable:  # an identical call may have filled the cache meanwhile
-                hit = await self._cache_get(cache, key)
-                if hit is not None:
-                    state["cached"] = True
-                    return hit
-            text = await self._execute(tool, args, ctx, lease)
-            if tool.cacheable:
-                await self._cache_set(cache, key, text)
-            return text
-
+        execute = self._thunk(tool, key, args, ctx, state)
         if not tool.shares_calls and ctx.lease is not None:
             return await execute(ctx.lease), False, False
         text, shared = await self._coalescer.run(key, execute, lock_ttl=tool.lock_ttl)
         return text, state.get("cached", False) and not shared, shared
+
+    def _thunk(self, tool: Tool, key: str, args: ValidatedArgs, ctx: ToolContext,
+               state: dict[str, bool]) -> Thunk:
+        """The execution the coalescer runs (once for every caller sharing it): notes in
+        ``state`` that this caller started it, and whether the cache answered meanwhile."""
+        if not tool.cacheable:
+            def execute(lease: Lease) -> Awaitable[str]:  # (no coroutine of its own)
+                state["started"] = True
+                return self._execute(tool, args, ctx, lease)
+            return execute
+        cache = self._fleet_cache if tool.share == "fleet" else self._cache
+
+        async def execute_cached(lease: Lease) -> str:
+            state["started"] = True
+            hit = await self._cache_get(cache, key)  # an identical call may have filled it
+            if hit is not None:
+                state["cached"] = True
+                return hit
+            text = await self._execute(tool, args, ctx, lease)
+            await self._cache_set(cache, key, text)
+            return text
+        return execute_cached
 
     async def _execute(self, tool: Tool, args: ValidatedArgs, ctx: ToolContext,
                        lease: Lease) -> str:
@@ -271,9 +295,14 @@ class ToolPool:
             kwargs[tool.spec.context_param] = ctx.under(lease)
         self._bump(tool.name, "executions")
         limit = tool.timeout if tool.timeout is not None else self.default_timeout
-        invocation = _invoke(tool, kwargs)
         try:
-            text = await (invocation if limit is None else wait_for(invocation, limit))
+            if limit is None:
+                text = await _invoke(tool, kwargs)
+            elif _TIMEOUT is not None:  # 3.11+: the deadline on the execution's own task
+                async with _TIMEOUT(limit):  # (wait_for made one more task per execution)
+                    text = await _invoke(tool, kwargs)
+            else:
+                text = await wait_for(_invoke(tool, kwargs), limit)
         except asyncio.TimeoutError:
             raise _ExecutionTimeout(_timeout_message(tool.name, limit)) from None
         except ToolError as exc:  # an error's text reaches the model and Redis too
