@@ -51,11 +51,18 @@ slowed every sync turn, the routed ones too, and missed deadlines. So a due hedg
 while the sync path's work -- its backlog plus the hedges decided whose request has not
 started (``GRANT_S`` at most) -- is under that (at least one); the turns beyond it keep
 waiting in their provider batch (``hedge_capped``, once per turn) and ask again. The time
-left is the deadline's itself: ``SAFETY_S`` is kept by the hedge time already, and counting
+left is the deadline's itself: the margin is kept by the hedge time already, and counting
 it again left the turns due a few ms past their hedge time a cap near one, so they waited on
 batches that answered past the deadline (bench_cost at 0.8x, routing at the median: 122
 turns capped ~2 s before the deadline, 55 agents 0.06-0.11 s late; hedges there took 0.1-0.2
 s).
+
+The margin kept free before the deadline (``safety``) is ``SAFETY_MULT`` times the sync
+path's observed p99 latency, at least ``SAFETY_MIN_S`` (a waiting turn re-reads its hedge
+time at least once a second), and ``SAFETY_S`` until a sync latency is seen. A constant 2 s
+meant nothing to a deadline hours away with 30 s sync turns, and sent turns that fitted to
+the sync API in bench_cost, whose scaled sync turns take 0.07-0.2 s. Measured, it grows with
+what slows the sync path (a loaded machine, a slow model) and shrinks where turns are quick.
 
 Times: ``clock`` is the router's (the embedded engine's ``time.monotonic``, the distributed
 engine's Redis clock, in which the plan carries the deadline); every absolute time given to
@@ -78,7 +85,9 @@ from agentbatch.core.pricing import batch_price_ratio
 Route = Literal["sync", "batch"]
 WINDOW_S = 0.25  # turns ready this close together share one provider batch
 PRIOR_SYNC_S = 5.0  # a sync turn's latency until the first (the probe) has answered
-SAFETY_S = 2.0  # kept free before the deadline
+SAFETY_S = 2.0  # kept free before the deadline until a sync latency is seen (``safety``)
+SAFETY_MIN_S = 0.5  # the measured margin's floor: a waiting turn re-reads its hedge time
+SAFETY_MULT = 4.0  # ... at least every 1 s, at ``at`` itself when the time does not move
 MIN_SAMPLES = 3  # batch latencies observed before their p90 hedges
 CACHE_S = 0.2  # a latency quantile is reused this long (every waiting turn asks for it)
 SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its size
@@ -290,6 +299,17 @@ class Router:
         rate = self.sync_path.rate(PRIOR_SYNC_S if median is None else median)
         return max(latency, (ahead + 1) / rate)
 
+    def safety(self) -> float:
+        """Seconds kept free before the deadline: ``SAFETY_MULT`` times the sync path's
+        observed p99 latency, at least ``SAFETY_MIN_S``; ``SAFETY_S`` until one is seen. In
+        units of what was measured, not a constant: 2 s is nothing to a deadline hours away
+        whose sync turns take 30 s, and 7% of bench_cost's scaled 28 s deadline, whose sync
+        turns take 0.07-0.2 s (there it sent turns that fitted to the sync API)."""
+        p99 = self.sync_latency.quantile(0.99)
+        if p99 is None:
+            return SAFETY_S
+        return max(SAFETY_MIN_S, SAFETY_MULT * p99)
+
     def _to_sync(self, why: str) -> tuple[Route, str]:
         self.stats[why] += 1
         self.routed_sync += 1
@@ -308,7 +328,7 @@ class Router:
             return self._to_sync("routed_sync_tail")
         batch = self.batch_estimate(self.route_q) or 0.0
         per_sync = self.sync_estimate()  # behind the sync path's backlog
-        finish = self.clock() + batch + (turns_left - 1) * per_sync + SAFETY_S
+        finish = self.clock() + batch + (turns_left - 1) * per_sync + self.safety()
         if finish > self.deadline and (batch == 0.0 or per_sync < batch):
             return self._to_sync("routed_sync_deadline")
         if finish > self.deadline:
@@ -334,7 +354,7 @@ class Router:
     def hedge_cap(self) -> int:
         """How many turns the sync path may have outstanding (backlog and decided hedges)
         for another hedge to go: its observed throughput times the time left before the
-        deadline (``SAFETY_S`` is kept by the hedge time, not here), at least one."""
+        deadline (the margin is kept by the hedge time, not here), at least one."""
         assert self.deadline is not None
         left = self.deadline - self.clock()
         median = self.sync_latency.quantile(0.5)
@@ -386,7 +406,7 @@ class Router:
             if p90 is not None and len(similar) >= MIN_SAMPLES:
                 times.append(submitted + p90)
         if self.deadline is not None and not (self._probing and not self.sync_latency.samples):
-            rest = (turns_left - 1) * self.sync_estimate() + SAFETY_S
+            rest = (turns_left - 1) * self.sync_estimate() + self.safety()
             latest = self.deadline - self.sync_estimate() - rest  # nobody hedges with it
             joining = self.late_turns(max(latest - self.clock(), 0.0))
             ahead = self.sync_path.backlog + max(
@@ -428,7 +448,7 @@ class Router:
 
     def allows_sync(self) -> bool:
         """Whether a turn whose provider batch item failed may still go to the sync API."""
-        return self.deadline is None or self.clock() < self.deadline - SAFETY_S
+        return self.deadline is None or self.clock() < self.deadline - self.safety()
 
     @contextlib.contextmanager
     def timed_sync(self, *, routed: bool = False) -> Iterator[None]:

@@ -7,9 +7,10 @@ How the branch is reached: the hedge would otherwise answer first (every turn's 
 has come at once with a deadline this close). So the simulator fails every sync request
 (``http_500``) -- a hedge that goes fails at once and the turn waits on its provider batch
 (``hedge_failed``), and a turn past the hedge cap waits there anyway -- and the provider batch
-fails (every item) or expires 3 s after it was created, when the 4 s deadline has less than
-its ``SAFETY_S`` (2 s) left: past it, whatever the machine's load (a later failure only
-leaves less). ``max_retries=0``: the first such error ends the agent."""
+fails (every item) or expires 3 s after it was created, when the 3.4 s deadline has less
+than the router's margin left (``Router.safety``: 0.5 s at least once the failed hedges'
+latencies are seen, the 2 s prior before): past it, whatever the machine's load (a later
+failure only leaves less). ``max_retries=0``: the first such error ends the agent."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tests.support.tools import Answer, lookup
 TASK = 'Agent {i}.\n@sim tool lookup {{"key": "k{i}"}}'
 N = 4
 WAIT_S = 180.0
-ENDS = {  # how the provider batch ends: 3 s after creation, the deadline 4 s after submit
+ENDS = {  # how the provider batch ends: 3 s after creation, the deadline 3.4 s after submit
     "failed": {"batch_latency_s": 3.0, "batch_failure_rate": 1.0},
     "expired": {"batch_latency_s": 600.0, "batch_expire_s": 3.0},
 }
@@ -44,7 +45,7 @@ def test_a_provider_batch_that_ends_unanswered_past_the_deadline_ends_its_turns_
         handle = submit_batch(TASK, [{"i": i} for i in range(N)], model=MODEL,
                               backend=_url(sim), tools=[lookup], output_schema=Answer,
                               prices=PRICES, warm_prefix=False, max_turns=3, max_retries=0,
-                              redis_url=redis_url, pricing="batch", deadline=4.0)
+                              redis_url=redis_url, pricing="batch", deadline=3.4)
         results = handle.wait(timeout=WAIT_S)
         stats = handle.status()
         assert len(results) == N

@@ -29,7 +29,7 @@ def test_waiting_turns_are_not_hedged_early_when_the_sync_path_can_take_them() -
     # is due 20 s early; with 64 in flight, 400 / 1280 s: due about a second before the
     # deadline (the margin aside).
     for concurrency, earliest, latest in ((1, NOW + 30.0, NOW + 40.0),
-                                          (64, NOW + 56.0, NOW + 58.0)):
+                                          (64, NOW + 57.5, NOW + 59.5)):
         router = Router("auto", NOW + 60.0, total=1000, clock=lambda: NOW,
                         running=lambda: [(5.0, 8)] * 50, concurrency=concurrency)
         for seconds in (1.0, 2.0, 3.0):

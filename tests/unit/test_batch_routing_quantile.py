@@ -1,15 +1,15 @@
 """``batch_routing.Router`` near a short deadline (both engines): where an agent's last turn
 goes (``route_q``, the break-even chance of the batch answering before the turn's hedge:
 the batch price over the sync price, ``ROUTE_Q`` without a price table),
-and that the hedges due inside the last ``SAFETY_S`` still go. Decisions given what the
-router observed: no I/O, no sleeps, a fixed router clock."""
+and that the hedges due inside the last margin (``Router.safety``) still go. Decisions
+given what the router observed: no I/O, no sleeps, a fixed router clock."""
 
 from __future__ import annotations
 
 from agentbatch.turnloop.batch_routing import (
     ROUTE_Q,
     ROUTE_Q_RANGE,
-    SAFETY_S,
+    SAFETY_MIN_S,
     WINDOW_S,
     Router,
     route_q_for,
@@ -33,19 +33,19 @@ def _auto(deadline: float, route_q: float = ROUTE_Q) -> Router:
 
 def test_a_last_turn_that_fits_at_the_batch_median_goes_to_the_batch() -> None:
     # fits at the median (9 s), not at the p90 (13 s): the batch, at half price, pays
-    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_S + 1.0)
+    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_MIN_S + 1.0)
     assert router.route(1, 100) == "batch"
     assert router.stats["routed_batch"] == 1 and router.stats["routed_sync_deadline"] == 0
 
 
 def test_a_last_turn_that_misses_at_the_batch_median_goes_to_the_sync_api() -> None:
-    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_S - 1.0)
+    router = _auto(NOW + 9.0 + WINDOW_S + SAFETY_MIN_S - 1.0)
     assert router.route(1, 100) == "sync"
     assert router.stats["routed_sync_deadline"] == 1
 
 
 def test_due_hedges_inside_the_safety_margin_are_not_refused() -> None:
-    """1.5 s before the deadline (inside ``SAFETY_S``), on a sync path seen answering ten
+    """1.5 s before the deadline (inside the 2 s prior margin), on a sync path seen answering ten
     turns a second: the twelve turns due go (15 fit before the deadline), none left to
     wait on a provider batch that answers past it."""
     router = Router("batch", NOW + 1.5, total=100, clock=lambda: NOW)
@@ -65,7 +65,7 @@ def test_due_hedges_inside_the_safety_margin_are_not_refused() -> None:
 def test_the_quantile_is_the_batch_price_over_the_sync_price() -> None:
     # fits at the median (9 s) but not at the p80 (~12 s): at half price the batch pays, at
     # 80% of the sync price a turn must be answered in time 4 times in 5 to pay
-    deadline = NOW + 10.0 + WINDOW_S + SAFETY_S
+    deadline = NOW + 10.0 + WINDOW_S + SAFETY_MIN_S
     assert _auto(deadline, route_q_for(PRICES)).route(1, 100) == "batch"
     dear = {"m": {**PRICES["m"], "batch_prompt": 0.8, "batch_completion": 1.6}}
     assert route_q_for(dear) == 0.8
