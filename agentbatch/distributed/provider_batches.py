@@ -116,7 +116,13 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.core.wait_for import wait_for
 from agentbatch.distributed.state.redis_store import BatchStore, now_ms
 from agentbatch.distributed.workers.batch_stats import BatchStats
-from agentbatch.turnloop.batch_routing import WINDOW_S, Route, Router, route_q_for
+from agentbatch.turnloop.batch_routing import (
+    DEFAULT_MAX_ITEMS,
+    WINDOW_S,
+    Route,
+    Router,
+    route_q_for,
+)
 from agentbatch.turnloop.batch_turns import (
     CLOSE_BILL_S,
     MAX_POLL_S,
@@ -183,6 +189,7 @@ class _Turn:
     request: ModelRequest
     future: asyncio.Future[ItemResult]
     resubmit: bool = False  # its record said SUBMITTING: counted as resubmitted already
+    cap: int = DEFAULT_MAX_ITEMS  # the provider batch size it may go in (``Router.pick_size``)
 
 
 @dataclass
@@ -348,10 +355,17 @@ class ProviderBatches:
         """Where this turn goes (``Router.route``); a turn routed to the sync API is counted
         on the batch, and is in the router's sync backlog until ``timed_sync`` or
         ``unroute``."""
+        return (await self.route_sized(plan, store, state))[0]
+
+    async def route_sized(self, plan: BatchPlan, store: BatchStore,
+                          state: AgentState) -> tuple[Route, int | None]:
+        """``route``, and for the batch API the provider batch size the turn may go in
+        (``Router.decide``; ``complete``'s ``size``; None: full)."""
         router = await self.router_for(plan, store)
         if router.mode == "batch" or router.deadline is None:
-            return "batch"
-        where, why = router.decide(self.turns_left(plan, state), await self.live(plan, store))
+            return "batch", None
+        where, why, size = router.decide(self.turns_left(plan, state),
+                                         await self.live(plan, store))
         if where == "sync":
             # a turn re-sent from a worker that stopped may be in a provider batch already:
             # it waits on that one (paid for) rather than paying the sync API as well
@@ -361,11 +375,11 @@ class ProviderBatches:
                 if found and found != SUBMITTING:
                     router.stats[why] -= 1
                     router.unroute()
-                    return "batch"
+                    return "batch", None
             stats = self._stats(store)
             stats.add(plan.batch_id, why)
             stats.settle()  # on its way before the turn's request is (not waited on here)
-        return where
+        return where, size
 
     async def client(self, plan: BatchPlan, backend: Backend) -> ProviderBatchClient:
         """The backend's batch client, found once per process. Not found (the submitter
@@ -392,12 +406,14 @@ class ProviderBatches:
 
     async def complete(self, plan: BatchPlan, backend: Backend, store: BatchStore, index: int,
                        version: int, request: ModelRequest, *, turns_left: float = 1.0,
-                       hedge: Hedge | None = None, token: str = "") -> tuple[ItemResult, bool]:
+                       hedge: Hedge | None = None, token: str = "",
+                       size: int | None = None) -> tuple[ItemResult, bool]:
         """The answer to this agent version's turn and whether the provider batch gave it:
         from the provider batch a record names (a re-sent turn), else from a new one; with
         ``hedge``, from the sync API when the turn is still waiting at the router's hedge
         time and the sync API answers first (``token``: the turn's lease, which its hedge
-        intent names). ``BatchCancelled`` once the batch is cancelled; ``BackendTimeout``
+        intent names; ``size``: the provider batch size it may go in, ``route_sized``'s, None
+        for full). ``BatchCancelled`` once the batch is cancelled; ``BackendTimeout``
         after ``MAX_WAIT_S`` without an answer."""
         await self.client(plan, backend)
         key = (*plan.backends, plan.model)
@@ -406,6 +422,7 @@ class ProviderBatches:
         self._bill_terms[plan.batch_id] = ((plan.prices or {}).get(plan.model),
                                            plan.deadline_at)
         router = await self.router_for(plan, store)
+        router.max_items, router.min_items = lane.client.max_items, lane.client.min_items
         future = self._futures.get(cid)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
@@ -427,7 +444,8 @@ class ProviderBatches:
                                 "paid twice: counted in stat:provider_batch_resubmitted)",
                                 index, version, plan.batch_id)
                 lane.pending.append((cid, _Turn(store, index, version, request, future,
-                                                resubmit=found == SUBMITTING)))
+                                                resubmit=found == SUBMITTING,
+                                                cap=size or router.sizes()[0])))
                 if lane.flusher is None or lane.flusher.done():
                     lane.flusher = asyncio.create_task(self._flush(lane))
         started = checked = time.monotonic()
@@ -576,7 +594,7 @@ class ProviderBatches:
             ready = [(cid, t) for cid, t in lane.pending
                      if not t.future.done() and self._futures.get(cid) is t.future]
             lane.pending = []
-            chunks, short = split_chunks(ready, lane.client)
+            chunks, short = split_chunks(ready, lane.client, cap_of=lambda turn: turn[1].cap)
             for chunk in chunks:
                 await self._submit(lane.client, chunk)
             if short:  # too few for the provider's minimum: the sync API, counted per batch

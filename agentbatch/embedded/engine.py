@@ -102,8 +102,9 @@ class EmbeddedEngine:
                     return ModelFailed(kind=exc.kind, message=str(exc), retryable=exc.retryable)
             if self.provider is not None and self.budget is not None:
                 left = self.budget.work.turns_left(state)
-                if self.provider.route(left, self.budget.work.live) == "batch":
-                    return await self._batch_turn(state, action, left)
+                where, size = self.provider.route_sized(left, self.budget.work.live)
+                if where == "batch":
+                    return await self._batch_turn(state, action, left, size)
             async with self.slots.slot(action.turns_left):
                 if self.budget is not None and (why := self.budget.refusal(state)):
                     return Abandoned("budget_exceeded", why)  # checked as the turn starts
@@ -123,9 +124,11 @@ class EmbeddedEngine:
         finally:
             self.in_tools.pop(state.index, None)
 
-    async def _batch_turn(self, state: AgentState, action: CallModel, left: float) -> Event:
+    async def _batch_turn(self, state: AgentState, action: CallModel, left: float,
+                          size: int) -> Event:
         """One turn through the provider batch API (no inference slot held while it waits),
-        committed as a sync one; ``batch=True`` when the batch's answer won."""
+        in a provider batch of at most ``size`` turns, committed as a sync one;
+        ``batch=True`` when the batch's answer won."""
         assert self.provider is not None and self.budget is not None
         if why := self.budget.refusal(state):
             return Abandoned("budget_exceeded", why)
@@ -133,7 +136,7 @@ class EmbeddedEngine:
         provider = self.provider
 
         async def complete(request: ModelRequest) -> ModelResponse:
-            response, by_batch = await provider.complete(request, left)
+            response, by_batch = await provider.complete(request, left, size)
             served.append(by_batch)
             return response
 

@@ -40,7 +40,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -59,6 +59,7 @@ from agentbatch.core.pricing import cost_usd
 from agentbatch.core.wait_for import wait_for
 from agentbatch.metrics import record_hedge_loser_tokens
 from agentbatch.turnloop.batch_routing import (
+    DEFAULT_MAX_ITEMS,
     ROUTE_Q,
     SAFETY_S,
     WINDOW_S,
@@ -73,7 +74,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_ITEMS", "SAFETY_S", "WINDOW_S", "ProviderBatchTurns"]
 
 T = TypeVar("T")
-MAX_ITEMS = 8  # turns per provider batch: a slow request holds only these few
+MAX_ITEMS = DEFAULT_MAX_ITEMS  # turns per provider batch: a slow request holds only these few
 HTTP_AT_ONCE = 4  # batch API calls in flight (submits, polls): self-clocked by the server
 POLL_S = 0.25  # a first poll backing off 1.5x to MAX_POLL_S (the distributed engine's)
 MAX_POLL_S = 5.0
@@ -103,14 +104,29 @@ _KINDS: dict[str, type[BackendError]] = {
     "expired": BackendTimeout, "cancelled": ServerError, "missing": ServerError}
 
 
-def split_chunks(ready: list[T], client: object) -> tuple[list[list[T]], list[T]]:
+def split_chunks(ready: list[T], client: object,
+                 cap_of: Callable[[T], int] | None = None) -> tuple[list[list[T]], list[T]]:
     """``ready`` turns as provider batches of the client's size: at most ``max_items``
     (``MAX_ITEMS`` unless the provider needs bigger), at least ``min_items`` (Bedrock's
-    per-job minimum). A short tail joins the previous chunk when that stays within
-    ``max_items``; what still falls short is returned apart, for the sync API."""
+    per-job minimum). With ``cap_of``, a turn goes in a batch of at most its cap turns
+    (``Router.pick_size``: a turn the deadline presses goes in a small, sooner batch): the
+    turns are taken smallest cap first, and a batch is full at its first turn's cap. A
+    short tail joins the previous chunk when that stays within ``max_items``; what still
+    falls short is returned apart, for the sync API."""
     size = max(int(getattr(client, "max_items", MAX_ITEMS)), 1)
     least = max(int(getattr(client, "min_items", 1)), 1)
-    chunks = [ready[at:at + size] for at in range(0, len(ready), size)]
+    if cap_of is None:
+        chunks = [ready[at:at + size] for at in range(0, len(ready), size)]
+    else:
+        def cap(turn: T) -> int:
+            return min(max(cap_of(turn), least), size)
+
+        chunks = []
+        for turn in sorted(ready, key=cap):
+            if not chunks or len(chunks[-1]) >= cap(chunks[-1][0]):
+                chunks.append([turn])
+            else:
+                chunks[-1].append(turn)
     if len(chunks) >= 2 and len(chunks[-1]) < least and len(chunks[-2]) + len(chunks[-1]) <= size:
         chunks[-2] += chunks.pop()
     short = chunks.pop() if chunks and len(chunks[-1]) < least else []
@@ -155,8 +171,11 @@ class ProviderBatchTurns:
         # ``concurrency``: the engine's in-flight cap, what the sync path runs at once
         self.router = Router(mode, deadline, total, running=self._running,  # monotonic
                              concurrency=concurrency, route_q=route_q)
+        self.router.max_items = int(getattr(client, "max_items", MAX_ITEMS))
+        self.router.min_items = int(getattr(client, "min_items", 1))
         self.stats = self.router.stats  # what routing and the batches did, one counter
-        self._pending: list[tuple[str, ModelRequest]] = []
+        # turns waiting for the window: (custom_id, request, the batch size it may go in)
+        self._pending: list[tuple[str, ModelRequest, int]] = []
         self._futures: dict[str, asyncio.Future[ItemResult]] = {}
         self._owner: dict[str, _Open] = {}
         self._open: dict[str, _Open] = {}
@@ -206,6 +225,12 @@ class ProviderBatchTurns:
         """Where the next turn of an agent with ``turns_left`` (estimated) turns goes."""
         return self.router.route(turns_left, live)
 
+    def route_sized(self, turns_left: float, live: int) -> tuple[Route, int]:
+        """``route``, and for the batch API the provider batch size the turn may go in
+        (``Router.decide``; ``complete``'s ``size``)."""
+        where, _, size = self.router.decide(turns_left, live)
+        return where, size
+
     def _hedge_at(self, cid: str, submitted: float, turns_left: float,
                   size: int | None) -> float | None:
         """When a waiting batch turn should race the sync API (``Router.hedge_at``; the
@@ -226,13 +251,14 @@ class ProviderBatchTurns:
         with self.router.timed_sync():
             return await self.backend.complete(request)
 
-    async def complete(self, request: ModelRequest, turns_left: float) -> tuple[ModelResponse,
-                                                                                  bool]:
-        """The reply to ``request`` and whether the provider batch served it (else sync)."""
+    async def complete(self, request: ModelRequest, turns_left: float,
+                       size: int | None = None) -> tuple[ModelResponse, bool]:
+        """The reply to ``request`` and whether the provider batch served it (else sync);
+        ``size``: the provider batch size it may go in (``route_sized``; None: full)."""
         cid = f"t{next(self._ids)}-{request.request_id or 'turn'}"[:64]
         future: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
         self._futures[cid] = future
-        self._pending.append((cid, request))
+        self._pending.append((cid, request, size or self.router.sizes()[0]))
         self.stats["batch_sent"] += 1
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
@@ -293,14 +319,15 @@ class ProviderBatchTurns:
 
     async def _flush(self) -> None:
         await asyncio.sleep(WINDOW_S)
-        ready = [(cid, req) for cid, req in self._pending if cid in self._futures]
+        ready = [turn for turn in self._pending if turn[0] in self._futures]
         self._pending = []
-        chunks, short = split_chunks(ready, self.client)
+        chunks, short = split_chunks(ready, self.client, cap_of=lambda turn: turn[2])
         for chunk in chunks:  # submitted side by side: a round of small batches goes out at once
-            self._spawn(self._submit(chunk))
+            self._spawn(self._submit([(cid, req) for cid, req, _ in chunk]))
         if short:
             self.stats["provider_batch_below_min"] += len(short)
-            self._resolve({cid: below_min(cid, len(short), self.client) for cid, _ in short})
+            self._resolve({cid: below_min(cid, len(short), self.client)
+                           for cid, _, _ in short})
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -28,6 +28,9 @@ def _auto(deadline: float, sync_s: float | None) -> Router:
             router.sync_latency.add(sync_s)
     for seconds in range(5, 15):
         router.batch_latency.add(float(seconds), 8)
+    # one provider batch size (8 turns), so no turn is sent in a small batch to learn the
+    # latency of another (test_batch_routing_sizes.py)
+    router.min_items = router.max_items
     return router
 
 

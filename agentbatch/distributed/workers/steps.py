@@ -253,9 +253,9 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
     gate = ctx.gate(loaded.plan, rt.backend)
     routed_sync = False
     if loaded.plan.pricing != "sync":
-        where = await ctx.provider_batches.route(loaded.plan, loaded.store, state)
+        where, size = await ctx.provider_batches.route_sized(loaded.plan, loaded.store, state)
         if where == "batch":
-            return await _batch_turn_event(ctx, loaded, state, token, action)
+            return await _batch_turn_event(ctx, loaded, state, token, action, size)
         routed_sync = True  # "auto": through the sync path, its latency observed
     # Waits for capacity end at the turn's deadline (a retryable ``server_busy``) or when the
     # batch is cancelled, so a server queue that never drains cannot hold a worker forever.
@@ -298,7 +298,7 @@ async def _turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState
 
 
 async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: AgentState,
-                            token: str, action: CallModel) -> Event:
+                            token: str, action: CallModel, size: int | None = None) -> Event:
     """A turn through a provider batch (``provider_batches.py``), its reply read and
     committed as a sync one, ``batch=True`` (priced at the batch rates) when the provider
     batch answered. The lease is renewed the whole wait (minutes to hours); no inference slot
@@ -326,7 +326,8 @@ async def _batch_turn_event(ctx: WorkerContext, loaded: LoadedBatch, state: Agen
         try:
             item, by_batch = await provider.complete(
                 loaded.plan, rt.backend, store, state.index, state.version, request,
-                turns_left=turns_left, hedge=lambda: sync_api(request), token=token)
+                turns_left=turns_left, hedge=lambda: sync_api(request), token=token,
+                size=size)
         except BatchCancelled:
             served.append(False)
             cancelled.append(True)  # call_model would report it as an internal failure
