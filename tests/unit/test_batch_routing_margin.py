@@ -45,9 +45,10 @@ def test_the_margin_follows_the_observed_sync_latency(sync_s: float | None,
 
 
 def test_a_last_turn_that_fits_with_the_measured_margin_goes_to_the_batch() -> None:
-    # a 9 s median batch turn leaves 1 s before the deadline: more than the measured margin
-    # (0.5 s for 0.05 s sync turns), less than the old constant 2 s, which sent it to sync
-    deadline = NOW + 9.0 + WINDOW_S + 1.0
+    # a 9 s median batch turn leaves 1.5 s before the deadline: more than the measured
+    # margin (its 1 s floor for 0.05 s sync turns), less than the old constant 2 s, which
+    # sent it to sync
+    deadline = NOW + 9.0 + WINDOW_S + 1.5
     router = _auto(deadline, 0.05)
     assert router.route(1, 100) == "batch"
     assert router.stats["routed_sync_deadline"] == 0
@@ -66,8 +67,8 @@ def test_slow_sync_turns_keep_a_larger_margin() -> None:
 
 
 def test_a_failed_item_may_go_to_the_sync_api_until_the_margin() -> None:
-    router = Router("batch", NOW + 1.0, total=10, clock=lambda: NOW)
+    router = Router("batch", NOW + 1.5, total=10, clock=lambda: NOW)
     assert not router.allows_sync()  # the 2 s prior
     for _ in range(5):
         router.sync_latency.add(0.05)
-    assert router.allows_sync()  # 0.5 s margin, 1 s left
+    assert router.allows_sync()  # a 1 s margin, 1.5 s left

@@ -16,7 +16,7 @@ NOW = 1000.0
 
 
 def _auto(deadline: float, *, small: int = 6) -> Router:
-    """An ``"auto"`` router whose sync turns took 0.05 s (a 0.5 s margin) and whose provider
+    """An ``"auto"`` router whose sync turns took 0.05 s (a 1 s margin) and whose provider
     batches took, by size: 8 turns 8..10 s (20 seen), 4 turns 6.5..7 s, 2 turns 5..5.5 s and
     1 turn 3..4 s (``small`` of each)."""
     router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8)
@@ -46,7 +46,7 @@ def test_a_turn_with_room_goes_in_a_full_batch() -> None:
 
 def test_a_pressed_last_turn_goes_in_a_small_batch_not_to_the_sync_api() -> None:
     # 6 s left: an 8-, 4- or 2-turn batch (p90 ~10, ~7, ~5.5 s) would not surely answer in
-    # the 5.5 s before the margin, a 1-turn one (p90 ~4 s) would. Before sizes were told
+    # the 5 s before the margin, a 1-turn one (p90 ~4 s) would. Before sizes were told
     # apart, the estimate of every batch seen (median ~8 s) sent it to the sync API.
     router = _auto(NOW + 6.0)
     assert router.pick_size(1)[0] == 1
@@ -76,7 +76,7 @@ def test_the_first_turns_with_room_learn_the_small_sizes() -> None:
 
 
 def test_no_size_fits_the_deadline_the_fastest_is_weighed_against_sync() -> None:
-    router = _auto(NOW + 2.0)  # not even a 1-turn batch answers in 1.5 s
+    router = _auto(NOW + 2.0)  # not even a 1-turn batch answers in 1 s
     size, estimate = router.pick_size(1)
     assert size == 1 and estimate < 4.0 + WINDOW_S
     assert router.route(1, 100) == "sync"
