@@ -20,6 +20,11 @@ Runs, one after the other on the same simulator: all-sync (``pricing="sync"``), 
 (``pricing="batch"``, no deadline: the batch API alone), then ``pricing="auto"`` once per
 deadline. The three deadlines are set from the all-batch wall measured in this run
 (``--deadline-factors``): one all-batch meets easily, one tight, one all-batch misses.
+The whole is repeated ``--rounds`` times (3), the simulator's seed one more each round. Each
+round's deadlines come from its own all-batch wall, which varies with the latencies drawn
+(four single runs of 1,000 agents: a clairvoyant bound at 0.8x of 0.546 to 0.568, auto 0.542
+to 0.610), so the target is on the median round's auto cost, with no miss in any round; the
+runs in the file are the median round's, and ``rounds`` holds every round's ratios.
 A run's misses at a deadline are its agents not finished by then (plus its provider batches
 still open at the end of the run, counted in ``provider_batches_open``). Cost is the batch's
 spend (``progress().cost_usd``: its results' ``cost_usd`` plus provider batch answers paid
@@ -257,12 +262,36 @@ def _brief(run: dict[str, Any]) -> str:
             f"{run['provider_batch']}")
 
 
+def round_summary(data: dict[str, Any]) -> dict[str, Any]:
+    """One round's ratios and misses per deadline (``rounds`` in the result file)."""
+    return {name: {"deadline_s": d["deadline_s"], "auto_cost_over_sync": d["auto_cost_over_sync"],
+                   "clairvoyant_cost_over_sync": d["clairvoyant_cost_over_sync"],
+                   "batch_cost_over_sync": d["batch_cost_over_sync"], "misses": d["misses"]}
+            for name, d in data["deadlines"].items()}
+
+
+def median_round(rounds: list[dict[str, Any]]) -> int:
+    """The round whose auto cost at the deadline all-batch misses is the median (the lower
+    of the two middle ones for an even count): its runs are the file's detail."""
+    order = sorted(range(len(rounds)), key=lambda i: rounds[i]["deadlines"]["missed_by_batch"]
+                   ["auto_cost_over_sync"])
+    return order[(len(order) - 1) // 2]
+
+
 def target(data: dict[str, Any]) -> dict[str, Any]:
-    """The issue's target, at the deadline all-batch misses: auto <= 60% of sync, no miss."""
-    d = data["deadlines"]["missed_by_batch"]
-    return {"deadline": "missed_by_batch", "batch_missed": d["misses"]["batch"] > 0,
-            "auto_cost_over_sync": d["auto_cost_over_sync"], "auto_misses": d["misses"]["auto"],
-            "met": (d["auto_cost_over_sync"] <= 0.6 and d["misses"]["auto"] == 0)}
+    """The issue's target, at the deadline all-batch misses: auto <= 60% of sync, no miss;
+    over the rounds, the median cost and no miss in any round."""
+    rounds = data.get("rounds") or [round_summary(data)]
+    d = [r["missed_by_batch"] for r in rounds]
+    cost = statistics.median(r["auto_cost_over_sync"] for r in d)
+    misses = [r["misses"]["auto"] for r in d]
+    return {"deadline": "missed_by_batch", "rounds": len(d),
+            "batch_missed": all(r["misses"]["batch"] > 0 for r in d),
+            "auto_cost_over_sync": round(cost, 4),
+            "auto_cost_over_sync_all": [r["auto_cost_over_sync"] for r in d],
+            "clairvoyant_cost_over_sync_all": [r["clairvoyant_cost_over_sync"] for r in d],
+            "auto_misses": max(misses), "auto_misses_all": misses,
+            "met": cost <= 0.6 and max(misses) == 0}
 
 
 def render(data: dict[str, Any]) -> str:
@@ -294,9 +323,18 @@ def render(data: dict[str, Any]) -> str:
             f"{d['auto']['wall_s']} | {d['auto']['turns'] - pb.get('served_batch', 0)} / "
             f"{pb.get('served_batch', 0)} |")
     t = data["target"]
-    verdict = (f"Target (deadline all-batch misses: auto <= 0.60 of all-sync, no miss): "
+    n = t.get("rounds", 1)
+    verdict = (f"Target (deadline all-batch misses: auto <= 0.60 of all-sync, no miss"
+               f"{f'; the median of {n} rounds, no miss in any' if n > 1 else ''}): "
                f"auto {t['auto_cost_over_sync']:.3f} of all-sync, {t['auto_misses']} misses: "
                f"**{'met' if t['met'] else 'not met'}**.")
+    if n > 1:
+        verdict += (
+            " Rounds (auto / clairvoyant cost over all-sync, auto misses): "
+            + ", ".join(f"{a:.3f} / {b:.3f}, {m}" for a, b, m in zip(
+                t["auto_cost_over_sync_all"], t["clairvoyant_cost_over_sync_all"],
+                t["auto_misses_all"], strict=True))
+            + f"; the table is round {data['median_round'] + 1}'s, the median.")
     cv = data.get("clairvoyant")
     if cv:
         per = cv["deadlines"]
@@ -342,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="distributed: worker processes")
     ap.add_argument("--concurrency", type=int, default=64,
                     help="distributed: threads per worker (a waiting batch turn holds one)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the simulator's; round i uses seed+i")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="whole measurements (sync, batch, three autos); the target is on "
+                         "their median, each round's deadlines from its own all-batch wall")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--json", default="benchmarks/results/cost.json")
     ap.add_argument("--docs", default=None, metavar="PAGE",
@@ -357,7 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"benchmark": name, "created": utc_now(),
                               "machine": machine_info(), "config": vars(args),
                               "prices": PRICES[MODEL]}
-    report.update(measure(args))
+    rounds = []
+    for i in range(args.rounds):
+        print(f"round {i + 1} of {args.rounds}", flush=True)
+        rounds.append(measure(argparse.Namespace(**{**vars(args), "seed": args.seed + i})))
+    pick = median_round(rounds)
+    report.update(rounds[pick])
+    report["median_round"] = pick
+    report["rounds"] = [round_summary(r) for r in rounds]
     report["target"] = target(report)
     report["finished"] = utc_now()
     print(report["target"], flush=True)

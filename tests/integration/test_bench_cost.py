@@ -17,7 +17,8 @@ def test_the_benchmark_runs_tiny_and_writes_its_json_and_table(tmp_path: Path) -
     out, page = tmp_path / "cost.json", tmp_path / "cost.md"
     page.write_text("# Cost\n\nintro\n")
     assert main(["--agents", "3", "--batch-median-s", "0.2", "--batch-spread", "0",
-                 "--sync-ms", "5", "--json", str(out), "--docs", str(page)]) == 0
+                 "--sync-ms", "5", "--rounds", "2", "--json", str(out),
+                 "--docs", str(page)]) == 0
     data = json.loads(out.read_text())
     assert data["benchmark"] == "cost" and data["machine"]["cpus_usable"] >= 1
     sync, batch = data["runs"]["sync"], data["runs"]["batch"]
@@ -29,6 +30,13 @@ def test_the_benchmark_runs_tiny_and_writes_its_json_and_table(tmp_path: Path) -
         assert d["auto"]["ok"] == 3 and set(d["misses"]) == {"sync", "batch", "auto"}
         assert d["auto_cost_over_sync"] == round(d["auto"]["cost_usd"] / sync["cost_usd"], 4)
     assert set(data["target"]) >= {"met", "auto_cost_over_sync", "auto_misses"}
+    # two rounds: the target is on their median (of two: their mean), the detail is one of them
+    assert len(data["rounds"]) == 2 and data["target"]["rounds"] == 2
+    both = [r["missed_by_batch"]["auto_cost_over_sync"] for r in data["rounds"]]
+    assert data["target"]["auto_cost_over_sync_all"] == both
+    assert data["target"]["auto_cost_over_sync"] == round(sum(both) / 2, 4)
+    assert data["deadlines"]["missed_by_batch"]["auto_cost_over_sync"] == min(both)
+    assert data["median_round"] == both.index(min(both))
     text = page.read_text()
     assert text.startswith("# Cost\n\nintro\n") and BEGIN in text and END in text
     assert "| missed_by_batch |" in text
