@@ -116,3 +116,13 @@ def test_without_caps_the_chunks_are_as_before() -> None:
     client = SimpleNamespace(max_items=8, min_items=1)
     assert split_chunks(turns, client) == split_chunks(turns, client, cap_of=lambda _: 8)
     assert [len(c) for c in split_chunks(turns, client)[0]] == [8, 8, 3]
+
+
+def test_the_cached_band_count_follows_every_add() -> None:
+    router = _auto(NOW + 6.0, small=0)
+    latencies = router.batch_latency
+    assert latencies.count(1, 1) == 0 and latencies.count(5, 8) == 20
+    for i in range(MIN_SIZE_SAMPLES):
+        latencies.add(3.0 + i / 10, 1)
+        assert latencies.count(1, 1) == i + 1 == len(latencies.of_size(1, 1))
+    assert router.pick_size(1)[0] == 1  # the new one-turn batches size the pressed turn
