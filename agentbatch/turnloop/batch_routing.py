@@ -93,9 +93,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agentbatch.backends.provider_batch.client import (
-    DEFAULT_MAX_ITEMS as DEFAULT_PROVIDER_BATCH_ITEMS,
-)
+from agentbatch.backends.provider_batch.client import DEFAULT_MAX_ITEMS
 from agentbatch.core.pricing import batch_price_ratio
 
 Route = Literal["sync", "batch"]
@@ -112,7 +110,6 @@ SIMILAR = 0.5  # a batch's p90 hedge counts batches at least this share of its s
 TAIL_SHARE = 0.1
 FIT_Q = 0.9  # ``pick_size``: a turn goes in the largest batch size it fits at this quantile
 MIN_SIZE_SAMPLES = 5  # ended batches of about a size before that size's latency is used
-DEFAULT_MAX_ITEMS = DEFAULT_PROVIDER_BATCH_ITEMS  # turns per provider batch (the engines')
 ROUTE_Q = 0.5  # the batch latency quantile a routed batch turn must fit: the batch price
 # over the sync price, the break-even chance to be answered before a hedge (module doc);
 # this one where the batch has no price table
@@ -385,7 +382,14 @@ class Router:
                 return seen + WINDOW_S
         return self.batch_estimate(q) if size >= self.max_items else None
 
-    def pick_size(self, turns_left: float) -> tuple[int, float]:
+    def _rest(self, turns_left: float) -> tuple[float, float]:
+        """Seconds per sync turn (behind the sync path's backlog), and what an agent with
+        ``turns_left`` turns needs after this one: its other turns on the sync API and the
+        margin (``decide``, ``pick_size`` and ``hedge_at`` read both)."""
+        per_sync = self.sync_estimate()
+        return per_sync, (turns_left - 1) * per_sync + self.safety()
+
+    def pick_size(self, turns_left: float, rest: float | None = None) -> tuple[int, float]:
         """The provider batch size for an agent's next turn, and that size's ``route_q``
         latency (0.0: none seen yet). A batch ends with its slowest request, so where a
         provider finishes small batches sooner (the simulator: the maximum of its requests'
@@ -394,13 +398,15 @@ class Router:
         latency leaves the agent's remaining turns room on the sync API (a turn answered
         in time, not hedged); if none does, the size that answers soonest at ``route_q``
         (``decide`` then weighs it against the sync API). Without a deadline, or where
-        small batches are not seen to be faster, ``max_items``: fewer batches to poll."""
+        small batches are not seen to be faster, ``max_items``: fewer batches to poll.
+        ``rest``: ``_rest``'s, where the caller has it already."""
         sizes = self.sizes()
         full = sizes[0]
         if self.deadline is None or self.mode == "batch":
             return full, self.batch_estimate(self.route_q) or 0.0
-        room = (self.deadline - self.clock() - (turns_left - 1) * self.sync_estimate()
-                - self.safety())
+        if rest is None:
+            rest = self._rest(turns_left)[1]
+        room = self.deadline - self.clock() - rest
         fastest: tuple[float, int] | None = None
         for size in sizes:
             at_q = self.size_estimate(self.route_q, size)
@@ -445,9 +451,9 @@ class Router:
             return (*self._to_sync("routed_sync_probe"), full)  # latency for routing
         if turns_left <= 1 and live <= max(1, TAIL_SHARE * self.total):
             return (*self._to_sync("routed_sync_tail"), full)
-        size, batch = self.pick_size(turns_left)
-        per_sync = self.sync_estimate()  # behind the sync path's backlog
-        finish = self.clock() + batch + (turns_left - 1) * per_sync + self.safety()
+        per_sync, rest = self._rest(turns_left)
+        size, batch = self.pick_size(turns_left, rest)
+        finish = self.clock() + batch + rest
         if finish > self.deadline and (batch == 0.0 or per_sync < batch):
             return (*self._to_sync("routed_sync_deadline"), full)
         explore = self._explore() if finish <= self.deadline else None
@@ -532,7 +538,7 @@ class Router:
             if p90 is not None and len(similar) >= MIN_SAMPLES:
                 times.append(submitted + p90)
         if self.deadline is not None and not (self._probing and not self.sync_latency.samples):
-            rest = (turns_left - 1) * self.sync_estimate() + self.safety()
+            rest = self._rest(turns_left)[1]
             latest = self.deadline - self.sync_estimate() - rest  # nobody hedges with it
             joining = self.late_turns(max(latest - self.clock(), 0.0))
             ahead = self.sync_path.backlog + max(
