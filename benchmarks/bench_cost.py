@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render-only", action="store_true",
                     help="measure nothing: render --json's file into --docs")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.render_only:
         write_docs(Path(args.docs or "docs/cost.md"), json.loads(Path(args.json).read_text()))
         return 0

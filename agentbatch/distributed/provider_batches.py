@@ -13,7 +13,10 @@ mid-batch does not route blind. The deadline is the plan's ``deadline_at``, in R
 worker saw finish; the batch's live count from its meta (``total - delivered``), read at most
 once a second per batch. A turn routed to the sync API is counted on the batch
 (``stat:routed_sync_probe|tail|deadline``), a turn routed to the batch API in
-``stat:provider_batch_items`` (not per turn: that would be a Redis write per turn). A turn
+``stat:provider_batch_items`` (not per turn: that would be a Redis write per turn), and one
+sent in a provider batch smaller than the provider's maximum in ``stat:routed_batch_small``
+(``stat:routed_batch_explore`` when it went to learn that size), gathered with the other
+counts in the worker's background ``BatchStats``. A turn
 waiting past the router's hedge time races the sync API (``stat:batch_hedged``), unless the
 sync path is at the router's hedge cap (``stat:hedge_capped``: it keeps waiting); the first
 answer is returned, so the turn commits once (``stat:hedge_won_by_sync`` /
@@ -90,7 +93,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentbatch.backends.base import Backend
 from agentbatch.backends.provider_batch import (
@@ -141,6 +144,7 @@ RECORD_TTL_MS = 26 * 3600 * 1000  # past the providers' 24 h completion window
 CANCEL_CHECK_S = 2.0  # how often a waiting turn looks at the batch's cancel flag
 LIVE_CACHE_S = 1.0  # a batch's live count is read from its meta at most this often
 SHARED_LATENCIES = 200  # the provider batch latencies a batch keeps for the fleet (newest)
+MAX_BATCHES_KEPT = 256  # batches whose routing state one worker keeps (``_forget``)
 # a turn taken over from a holder whose sync hedge request was in flight (its intent left)
 _LEFT_BEHIND = ("batch %s: agent %s v%s: another worker had its sync hedge request in flight "
                 "and did not commit it (killed, or its lease lapsed); the provider bills it, "
@@ -277,13 +281,20 @@ class ProviderBatches:
 
             router = Router(mode, plan.deadline_at, plan.total, clock=redis_clock,
                             running=running, route_q=route_q_for(plan.prices))
-            if len(self._routers) > 256:  # finished batches' routers: the oldest go
-                oldest = next(iter(self._routers))
-                for kept in (self._routers, self._live, self._finished):
-                    kept.pop(oldest, None)
-                self._shared_read.discard(oldest)
+            if len(self._routers) >= MAX_BATCHES_KEPT:
+                self._forget(next(iter(self._routers)))
             self._routers[batch_id] = router
         return router
+
+    def _forget(self, batch_id: str) -> None:
+        """Drop what this process keeps per agentbatch batch (its router, counts and billing
+        terms), for the oldest batch once ``MAX_BATCHES_KEPT`` have routers: a long-lived
+        worker serves batch after batch. A batch still running builds them again on its next
+        turn (the terms are set on every turn, the router reads the fleet's latencies)."""
+        kept: dict[str, Any]
+        for kept in (self._routers, self._live, self._finished, self._bill_terms):
+            kept.pop(batch_id, None)
+        self._shared_read.discard(batch_id)
 
     async def router_for(self, plan: BatchPlan, store: BatchStore) -> Router:
         """``router``, which starts from the provider batch latencies the fleet observed for
@@ -364,8 +375,15 @@ class ProviderBatches:
         router = await self.router_for(plan, store)
         if router.mode == "batch" or router.deadline is None:
             return "batch", None
+        explored = router.stats["routed_batch_explore"]
         where, why, size = router.decide(self.turns_left(plan, state),
                                          await self.live(plan, store))
+        if where == "batch" and size < router.sizes()[0]:
+            # on the batch, as on the embedded engine (gathered: no write of its own)
+            stats = self._stats(store)
+            stats.add(plan.batch_id, "routed_batch_small")
+            if router.stats["routed_batch_explore"] > explored:
+                stats.add(plan.batch_id, "routed_batch_explore")
         if where == "sync":
             # a turn re-sent from a worker that stopped may be in a provider batch already:
             # it waits on that one (paid for) rather than paying the sync API as well

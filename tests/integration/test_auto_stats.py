@@ -147,3 +147,58 @@ def test_a_submission_is_counted_for_each_batch_in_one_round_trip_before_it_is_s
     assert names.count(b"MULTI") == 1, names
     multi, exec_ = names.index(b"MULTI"), names.index(b"EXEC")
     assert all(multi < i < exec_ for i in evals), names
+
+
+def _seen_sizes(router: Any, small: int) -> None:
+    """Sync turns took 0.05 s; provider batches of 8 turns 8..10 s (20 seen) and, ``small``
+    of each, 4 turns 6.5..7 s, 2 turns 5..5.5 s, 1 turn 3..4 s (as the routing unit tests)."""
+    for _ in range(5):
+        router.sync_latency.add(0.05)
+    for i in range(20):
+        router.batch_latency.add(8.0 + i / 10, 8)
+    for size, fastest, spread in ((4, 6.5, 0.5), (2, 5.0, 0.5), (1, 3.0, 1.0)):
+        for i in range(small):
+            router.batch_latency.add(fastest + spread * i / small, size)
+
+
+@pytest.mark.parametrize(("deadline_s", "small", "expect"), [
+    (6.0, 6, {"stat:routed_batch_small": "1"}),  # pressed: a 1-turn batch, sizes known
+    (600.0, 0, {"stat:routed_batch_small": "1", "stat:routed_batch_explore": "1"}),  # learns
+    (600.0, 6, {}),  # room, sizes known: a full batch, nothing to count
+])
+def test_a_turn_sized_below_the_maximum_is_counted_on_the_batch(
+        redis_url: str, deadline_s: float, small: int, expect: dict[str, str]) -> None:
+    """On the distributed engine the small and learning batches were counted only in each
+    worker's router, not on the batch (``stat:``), so no reader of the batch saw them."""
+    async def scenario() -> tuple[tuple[str, int | None], dict[str, str]]:
+        client = async_client(redis_url)
+        await sync_clock(client, force=True)
+        scripts = Scripts(client)
+        stats = BatchStats(client, scripts, flush_s=3600)
+        batches = ProviderBatches(_quiet, stats)
+        bid = f"sized-{deadline_s:g}-{small}"
+        plan = BatchPlan(batch_id=bid, total=100, model="m",
+                         backends=["sim://127.0.0.1:1"], system_message="",
+                         max_turns=MAX_TURNS, pricing="auto",
+                         deadline_at=redis_clock() + deadline_s)
+        store = BatchStore(client, scripts, bid)
+        await client.hset(store.k.meta, mapping={"total": 100, "delivered": 0})
+        router = await batches.router_for(plan, store)
+        router.max_items, router.min_items = 8, 1
+        _seen_sizes(router, small)
+        route = await batches.route_sized(plan, store,
+                                          AgentState(index=0, input={}, turns=MAX_TURNS - 1))
+        await stats.settle()
+        meta = {str(k): str(v) for k, v in (await client.hgetall(store.k.meta)).items()
+                if str(k).startswith("stat:routed_batch")}
+        await client.aclose()
+        return route, meta
+
+    (where, size), meta = asyncio.run(scenario())
+    assert where == "batch"
+    assert (size < 8) == bool(expect)
+    assert meta == expect
+
+
+async def _quiet(batch_id: str, what: str, n: int = 1) -> None:
+    return None

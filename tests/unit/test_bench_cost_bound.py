@@ -118,3 +118,12 @@ def test_the_docs_table_shows_the_bound_beside_auto_and_old_files_still_render()
     assert "sync turn of 50 ms: missed_by_batch 0.530." in text
     old = render(result_file(False))  # a result file from before the bound
     assert "| 0.700 | - | 0.600 |" in old and "Clairvoyant" not in old
+
+
+def test_no_rounds_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.bench_cost import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
