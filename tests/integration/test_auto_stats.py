@@ -21,6 +21,7 @@ from agentbatch.distributed.state.redis_store import BatchStore, sync_clock
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.workers.batch_stats import BatchStats
 from tests.support.redis_monitor import MonitorRecorder
+from tests.support.routing_seen import seen_sizes
 
 pytestmark = [pytest.mark.redis]
 
@@ -149,18 +150,6 @@ def test_a_submission_is_counted_for_each_batch_in_one_round_trip_before_it_is_s
     assert all(multi < i < exec_ for i in evals), names
 
 
-def _seen_sizes(router: Any, small: int) -> None:
-    """Sync turns took 0.05 s; provider batches of 8 turns 8..10 s (20 seen) and, ``small``
-    of each, 4 turns 6.5..7 s, 2 turns 5..5.5 s, 1 turn 3..4 s (as the routing unit tests)."""
-    for _ in range(5):
-        router.sync_latency.add(0.05)
-    for i in range(20):
-        router.batch_latency.add(8.0 + i / 10, 8)
-    for size, fastest, spread in ((4, 6.5, 0.5), (2, 5.0, 0.5), (1, 3.0, 1.0)):
-        for i in range(small):
-            router.batch_latency.add(fastest + spread * i / small, size)
-
-
 @pytest.mark.parametrize(("deadline_s", "small", "expect"), [
     (6.0, 6, {"stat:routed_batch_small": "1"}),  # pressed: a 1-turn batch, sizes known
     (600.0, 0, {"stat:routed_batch_small": "1", "stat:routed_batch_explore": "1"}),  # learns
@@ -185,7 +174,7 @@ def test_a_turn_sized_below_the_maximum_is_counted_on_the_batch(
         await client.hset(store.k.meta, mapping={"total": 100, "delivered": 0})
         router = await batches.router_for(plan, store)
         router.max_items, router.min_items = 8, 1
-        _seen_sizes(router, small)
+        seen_sizes(router, small)
         route = await batches.route_sized(plan, store,
                                           AgentState(index=0, input={}, turns=MAX_TURNS - 1))
         await stats.settle()

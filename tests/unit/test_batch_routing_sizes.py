@@ -11,22 +11,16 @@ import pytest
 
 from agentbatch.turnloop.batch_routing import MIN_SIZE_SAMPLES, WINDOW_S, Router
 from agentbatch.turnloop.batch_turns import split_chunks
+from tests.support.routing_seen import seen_sizes
 
 NOW = 1000.0
 
 
 def _auto(deadline: float, *, small: int = 6) -> Router:
-    """An ``"auto"`` router whose sync turns took 0.05 s (a 1 s margin) and whose provider
-    batches took, by size: 8 turns 8..10 s (20 seen), 4 turns 6.5..7 s, 2 turns 5..5.5 s and
-    1 turn 3..4 s (``small`` of each)."""
+    """An ``"auto"`` router that has seen the sync and provider batch latencies of
+    ``seen_sizes`` (``small`` of each small size)."""
     router = Router("auto", deadline, total=100, clock=lambda: NOW, concurrency=8)
-    for _ in range(5):
-        router.sync_latency.add(0.05)
-    for i in range(20):
-        router.batch_latency.add(8.0 + i / 10, 8)
-    for size, fastest, spread in ((4, 6.5, 0.5), (2, 5.0, 0.5), (1, 3.0, 1.0)):
-        for i in range(small):
-            router.batch_latency.add(fastest + spread * i / small, size)
+    seen_sizes(router, small)
     return router
 
 
