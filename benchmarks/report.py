@@ -610,6 +610,29 @@ def render_engine_pool(data: dict[str, Any]) -> str:
     return "\n".join(parts).rstrip()
 
 
+def render_slot_carry(data: dict[str, Any]) -> str:
+    """bench_slot_carry.py: a turn moved off its home for load, its conversation carried
+    (llama.cpp slot save on the home, restore where it goes) or computed again (cold)."""
+    rows = []
+    for key, v in data.get("summary", {}).items():
+        rows.append([key.removeprefix("pages_"), v.get("carried_conversation_tokens_median"),
+                     v.get("trials_each"), v.get("cold_moved_computed_tokens_median"),
+                     v.get("carried_moved_computed_tokens_median"),
+                     v.get("cold_moved_wall_s_median"), v.get("carried_moved_wall_s_median"),
+                     v.get("carried_wall_over_cold")])
+    head = ("### A moved agent's conversation carried between two llama-servers (SmolLM2-135M "
+            "Q4_1, `-t 1` each on its own CPU, one shared `--slot-save-path`)\n\n"
+            f"`{data.get('command', '')}` (total {fmt(data.get('total_s'), 0)} s). Each "
+            "trial moves a new agent's second turn off its home for load; medians over the "
+            "trials, alternating carried and cold. Wall is the moved turn's, the carry "
+            "included; tokens computed are the server's own count for it.")
+    tbl = table(["pages", "conversation tokens", "trials each", "tokens computed, cold",
+                 "tokens computed, carried", "wall s, cold", "wall s, carried",
+                 "carried / cold wall"], rows)
+    return "\n".join([head, "", tbl, "", f"Carries: {data.get('carries')}", "",
+                      _machine_line(data)])
+
+
 RENDERERS = {"embedded": render_embedded, "engine_pool": render_engine_pool,
              "http_clients": render_http_clients,
              "backends": render_backends, "distributed": render_distributed,
@@ -619,6 +642,7 @@ RENDERERS = {"embedded": render_embedded, "engine_pool": render_engine_pool,
              "scale": render_scale, "failover": render_failover,
              "state_bytes": render_state_bytes, "sweep": render_sweep,
              "profile_fleet": render_profile_fleet, "cost": render_cost,
+             "slot_carry": render_slot_carry,
              "cost_distributed": render_cost,
              "hedge": render_hedge,
              "fleet_before_after": render_fleet_before_after}

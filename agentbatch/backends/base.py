@@ -92,6 +92,20 @@ class Backend(ABC):
         (``setup.learn_inflight_hint``). Default: nothing to learn."""
         return None
 
+    async def save_conversation(self, agent_key: str, name: str) -> bool:
+        """Called by an endpoint pool as a turn of ``agent_key`` moves off this endpoint for
+        load (``pool.EndpointPool``): write the agent's conversation, as this server holds it,
+        under ``name`` where the pool's other servers can read it (llama.cpp: a slot file).
+        False: nothing written (not supported, not held here, or refused). Default: not
+        supported."""
+        return False
+
+    async def restore_conversation(self, agent_key: str, name: str) -> bool:
+        """Called by an endpoint pool after another endpoint's ``save_conversation``: load
+        ``name`` here, so the agent's moved turn, sent here next, finds its conversation
+        cached instead of computing it again. False: not loaded. Default: not supported."""
+        return False
+
     async def complete_batch(
         self,
         prompts: list[str],
@@ -188,6 +202,12 @@ class BackendWrapper(Backend):
 
     async def learn_inflight_hint(self) -> None:
         await self._inner.learn_inflight_hint()
+
+    async def save_conversation(self, agent_key: str, name: str) -> bool:
+        return await self._inner.save_conversation(agent_key, name)
+
+    async def restore_conversation(self, agent_key: str, name: str) -> bool:
+        return await self._inner.restore_conversation(agent_key, name)
 
     async def complete_batch(self, prompts: list[str], **kwargs: Any
                              ) -> list[ModelResponse | BackendError]:

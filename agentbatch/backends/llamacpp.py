@@ -10,7 +10,9 @@ warm-up checks that the server's prompt cache works (``probe_cache``: a warning 
 that defeat it) and whether pinning turns to slots keeps the prefix, in which case a turn goes
 with ``id_slot`` to its agent's slot while that slot still holds its conversation, and without
 (the server then restores the conversation from its host-memory cache) once another agent's
-turn took the slot (``SlotPicker``).
+turn took the slot (``SlotPicker``). An agent moved to another server of a pool for load takes
+its conversation along where the servers share a ``--slot-save-path`` (``save_conversation``,
+``restore_conversation``: ``/slots`` save and restore; ``pool.EndpointPool._carry``).
 ``tool_choice="required"`` is not enforced here. Why each default, with the measurements:
 docs/engine-llamacpp.md.
 """
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROPS_TIMEOUT_S = 10.0
+# A slot file written or read for a moved agent (``save_conversation``): a few MB for a small
+# model's conversation, read back in milliseconds (benchmarks/results/slot_carry.json).
+SLOT_FILE_TIMEOUT_S = 30.0
 # Jump-forward only when the forced start is worth it: ``{"`` (one token) is not.
 MIN_PREFILL_CHARS = 6
 
@@ -163,6 +168,28 @@ class SlotPicker:
     def _oldest(self, slots: list[int]) -> int:
         return min(slots, key=lambda s: (self.last_used[s], s))
 
+    def held(self, agent_key: str) -> Placement | None:
+        """The idle slot holding the agent's conversation, taken (busy) to be saved from;
+        None when no slot holds it now. Given back with ``release(place, agent_key)``."""
+        home = self.homes.get(agent_key)
+        if home is None or self.busy[home] or self.holds[home] != agent_key:
+            return None
+        self.busy[home] += 1
+        return Placement(home, home)
+
+    def claim(self) -> Placement | None:
+        """A free slot, taken (busy) to restore a conversation into: one holding nobody's
+        first, else the one used longest ago; None when every slot is busy. Given back with
+        ``release(place, agent_key)`` once restored (it then holds the agent's conversation),
+        or ``release(place)`` if not (it then holds nobody's)."""
+        free = [s for s in range(self.slots) if self.busy[s] == 0]
+        if not free:
+            return None
+        blank = [s for s in free if self.holds[s] is None]
+        slot = self._oldest(blank or free)
+        self.busy[slot] += 1
+        return Placement(slot, slot)
+
     def release(self, place: Placement, agent_key: str = "", landed: int | None = None
                 ) -> None:
         """The turn ended; it ran on ``landed`` (what the server said), else on the slot sent
@@ -270,6 +297,7 @@ class LlamaCppBackend(OpenAICompatBackend):
         self._props: dict[str, Any] | None = None
         self._props_task: asyncio.Task[dict[str, Any]] | None = None
         self._no_slots = False  # /props unreadable: requests go without id_slot
+        self._slot_files = True  # False once the server said it saves no slots (501)
         # where unpinned turns ran; every other call goes to the session unchanged
         self._session = cast(Any, _SlotEchoSession(self._session))
         self.template = ServerTemplate(self._apply_template)
@@ -515,6 +543,59 @@ class LlamaCppBackend(OpenAICompatBackend):
         if listener is not None and response.ttft_s is not None:
             listener(response.ttft_s)
         return response
+
+    # -- a moved agent's conversation, carried between servers (``EndpointPool``) ----------
+
+    async def save_conversation(self, agent_key: str, name: str) -> bool:
+        """Save the slot holding the agent's conversation to ``name`` in the server's
+        ``--slot-save-path`` (``POST /slots/{id}?action=save``). Only where turns are pinned
+        (``SlotPicker``: this process knows which slot holds whom, so not on a distributed
+        worker) and the slot is idle. A server started without the path says so once (501);
+        it is not asked again."""
+        picker = self._picker
+        if picker is None or not self._slot_files:
+            return False
+        place = picker.held(agent_key)
+        if place is None:
+            return False
+        try:
+            reply = await self._slot_action(place.slot, "save", name)
+        finally:
+            picker.release(place, agent_key)
+        return bool(reply and reply.get("n_saved"))
+
+    async def restore_conversation(self, agent_key: str, name: str) -> bool:
+        """Restore ``name`` (another server's ``save_conversation``) into a free slot, which
+        then holds the agent's conversation, so its next turn is pinned there and computes
+        only what is new. False, with the slot holding nobody's, if the file is not there
+        (the servers do not share a ``--slot-save-path``) or the restore failed."""
+        picker = self._picker
+        if picker is None or not self._slot_files:
+            return False
+        place = picker.claim()
+        if place is None:
+            return False
+        restored = False
+        try:
+            reply = await self._slot_action(place.slot, "restore", name)
+            restored = bool(reply and reply.get("n_restored"))
+        finally:
+            picker.release(place, agent_key if restored else "")
+        return restored
+
+    async def _slot_action(self, slot: int | None, action: str, name: str
+                           ) -> dict[str, Any] | None:
+        """One ``/slots`` action, bounded by ``SLOT_FILE_TIMEOUT_S``; its reply, or None."""
+        try:
+            reply = await self._session.post_json(
+                f"/slots/{slot}?action={action}", {"filename": name}, {},
+                SLOT_FILE_TIMEOUT_S, model_request=False)
+        except BackendError as exc:
+            if getattr(exc, "status", None) == 501:  # started without --slot-save-path
+                self._slot_files = False
+            log.debug("%s: slot %s %s %s failed: %s", self.name, slot, action, name, exc)
+            return None
+        return reply if isinstance(reply, dict) else None
 
     async def _learn_slots(self) -> None:
         """Read ``total_slots`` once per loop for every concurrent caller. ``id_slot`` is only

@@ -12,7 +12,9 @@ failed) or holds more than its share of requests in flight (``affinity.load_boun
 ``load_factor`` times the mean, at least ``load_floor``); it then takes the agent's next
 choice in its ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and
 told to each listener (``add_move_listener``). A moved agent stays where it moved: its
-conversation is there now.
+conversation is there now. A move for load first carries that conversation where the servers
+can (``_carry``: llama.cpp servers sharing a ``--slot-save-path`` save the home's slot and
+restore it there), so the moved turn computes only what is new.
 ``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
 
 An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,8 +47,13 @@ from agentbatch.backends.hedge import Attempt, Hedger
 from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 from agentbatch.core.options import DEFAULT_POOL_LOAD_FACTOR, PoolRouting
+from agentbatch.core.wait_for import wait_for
 
 log = logging.getLogger(__name__)
+
+# Saving a moved agent's conversation on its home and restoring it where the turn goes
+# (``EndpointPool._carry``): milliseconds for a small model; past this the turn goes without.
+CARRY_TIMEOUT_S = 10.0
 
 SleepFn = Callable[[float], Awaitable[None]]
 MoveListener = Callable[[str], None]  # called with the reason of each move
@@ -80,6 +88,13 @@ def check_pool_options(routing: Any, load_factor: Any, backend: Any) -> None:
             'pool_load_factor cannot apply with pool_routing="least_outstanding": the bound '
             "is when a turn leaves its agent's home endpoint, and least_outstanding routing "
             "has no home")
+
+
+def carry_file(endpoint: str) -> str:
+    """The file a conversation carried to ``endpoint`` goes through: one per endpoint name,
+    overwritten by the next carry, so a server's save directory never holds more than one
+    per endpoint of the pools that use it."""
+    return f"agentbatch-carry-{zlib.crc32(endpoint.encode()):08x}.bin"
 
 
 def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
@@ -156,6 +171,9 @@ class EndpointPool(Backend):
         self._sleep: SleepFn = sleep or asyncio.sleep
         self._names = names
         self._moves: Counter[str] = Counter()
+        self._carries: Counter[str] = Counter()
+        self._no_carry: set[tuple[str, str]] = set()  # (home, target) that share no files
+        self._carry_locks: dict[str, asyncio.Lock] = {}
         self._move_listeners: list[MoveListener] = []
         self._turn = 0
         self._closed = False
@@ -203,11 +221,13 @@ class EndpointPool(Backend):
         return min(healthy, key=lambda i: (self._suspect(self._eps[i]),
                                            self._eps[i].outstanding, place[i]))
 
-    def _route(self, key: str, cached_on: str | None = None) -> _Endpoint:
+    def _route(self, key: str, cached_on: str | None = None
+               ) -> tuple[_Endpoint, _Endpoint | None]:
+        """Where the turn goes, and the home it leaves for load (None: no such move)."""
         if not key or self.routing != "affinity":
-            return self._eps[self._least_loaded()]
+            return self._eps[self._least_loaded()], None
         if cached_on not in self._names:  # a first turn: it has no home yet
-            return self._eps[self._placed(key)]
+            return self._eps[self._placed(key)], None
         healthy = set(self._healthy_indices())
         home = self._names.index(cached_on)  # where its last turn ran: its conversation
         order = [home, *(i for i in rank(key, self._names) if i != home)]
@@ -219,17 +239,19 @@ class EndpointPool(Backend):
         chosen = next((i for i in choices if self._eps[i].outstanding < bound), None)
         if chosen is None:  # every endpoint is past the bound: the least loaded takes it
             chosen = self._least_loaded()
-        if chosen != home:
-            home_ep = self._eps[home]
-            why = "failover" if home_ep.ejected or self._suspect(home_ep) else "load"
-            self._moves[why] += 1
-            for listener in self._move_listeners:
-                listener(why)
-            if why == "failover":  # rare, and the only record a distributed worker keeps
-                log.info("failover: a turn of agent %s moved off %s to %s (%d failover "
-                         "moves in this process)", key, home_ep.name, self._eps[chosen].name,
-                         self._moves["failover"])
-        return self._eps[chosen]
+        if chosen == home:
+            return self._eps[home], None
+        home_ep = self._eps[home]
+        why = "failover" if home_ep.ejected or self._suspect(home_ep) else "load"
+        self._moves[why] += 1
+        for listener in self._move_listeners:
+            listener(why)
+        if why == "failover":  # rare, and the only record a distributed worker keeps
+            log.info("failover: a turn of agent %s moved off %s to %s (%d failover "
+                     "moves in this process)", key, home_ep.name, self._eps[chosen].name,
+                     self._moves["failover"])
+            return self._eps[chosen], None
+        return self._eps[chosen], home_ep
 
     def endpoint_for(self, agent_key: str, cached_on: str | None = None) -> str | None:
         """The endpoint an agent's next turn goes to when no endpoint is past its load bound
@@ -256,8 +278,49 @@ class EndpointPool(Backend):
         turn whose prefix was probably not cached where it ran."""
         return {"load": self._moves["load"], "failover": self._moves["failover"]}
 
+    def carries(self) -> dict[str, int]:
+        """Load moves whose conversation went with them (``carried``: saved on the home,
+        restored where the turn went, so it computed only what was new) and those that
+        tried and could not (``not_carried``); ``_carry``."""
+        return {"carried": self._carries["carried"], "not_carried": self._carries["not_carried"]}
+
+    async def _carry(self, home: _Endpoint, target: _Endpoint, key: str) -> None:
+        """Before a turn moved for load is sent: its agent's conversation saved on the home
+        (``save_conversation``) and restored on ``target`` (``restore_conversation``), so
+        the turn does not compute it again (llama.cpp: servers sharing a
+        ``--slot-save-path``; docs/backends.md). One file per target endpoint, overwritten
+        (``carry_file``), carries to one target one at a time; bounded by
+        ``CARRY_TIMEOUT_S``. A pair whose restore fails after a save (no shared directory)
+        is not tried again; a home that saves nothing costs a call and no I/O."""
+        pair = (home.name, target.name)
+        if pair in self._no_carry:
+            return
+        lock = self._carry_locks.setdefault(target.name, asyncio.Lock())
+        saved = restored = False
+
+        async def carry() -> None:
+            nonlocal saved, restored
+            async with lock:
+                name = carry_file(target.name)
+                saved = await home.backend.save_conversation(key, name)
+                restored = saved and await target.backend.restore_conversation(key, name)
+
+        try:
+            await wait_for(carry(), CARRY_TIMEOUT_S)
+        except (asyncio.TimeoutError, BackendError) as exc:
+            log.debug("carrying agent %s's conversation %s -> %s failed: %s", key, *pair, exc)
+        if not saved:
+            return  # nothing held or saved there: nothing tried, nothing counted
+        self._carries["carried" if restored else "not_carried"] += 1
+        if not restored:
+            self._no_carry.add(pair)
+            log.info("%s saved a conversation that %s could not restore (no shared slot "
+                     "directory?): moves between them are no longer carried", *pair)
+
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        ep = self._route(request.agent_key, request.cached_on)
+        ep, left = self._route(request.agent_key, request.cached_on)
+        if left is not None:
+            await self._carry(left, ep, request.agent_key)
         if self.hedger is None:
             return await self._attempt(ep, request)
         return await self.hedger.race(

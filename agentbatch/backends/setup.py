@@ -131,7 +131,8 @@ def endpoints(backend: Backend) -> list[Backend]:
 def pool_stats(backend: Backend) -> dict[str, object] | None:
     """Routing counters of the ``EndpointPool`` under the wrapping layers, for
     ``handle.stats()["pool"]``: per endpoint (requests, errors, ejections, ejected) and the
-    turns moved off their agent's home endpoint (``EndpointPool.moves``), and with
+    turns moved off their agent's home endpoint (``EndpointPool.moves``), those whose
+    conversation went with them (``EndpointPool.carries``), and with
     ``hedge_after`` the hedging counters (``hedge.Hedger.stats``); None for one URL."""
     from agentbatch.backends.pool import EndpointPool
 
@@ -140,7 +141,7 @@ def pool_stats(backend: Backend) -> dict[str, object] | None:
     if not isinstance(backend, EndpointPool):
         return None
     return {"endpoints": backend.stats(), "moves": backend.moves(),
-            "hedge": backend.hedge_stats()}
+            "carries": backend.carries(), "hedge": backend.hedge_stats()}
 
 
 def inflight_hint(backend: Backend) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import typer
 from pydantic import BaseModel, Field
@@ -67,14 +68,20 @@ def start_cmd(
     ctx_per_slot: int = typer.Option(2048, min=256, help="Context tokens per slot."),
     threads: int | None = typer.Option(
         None, min=1, help="CPU threads (default: half the CPUs, leaving the rest to the client)."),
+    slot_save_path: Path | None = typer.Option(
+        None, file_okay=False, dir_okay=True, exists=True, resolve_path=True,
+        help="A directory for llama.cpp's slot files. Servers of one pool started with the "
+             "same one carry an agent moved for load to the other server with its "
+             "conversation (docs/backends.md)."),
 ) -> None:
     """Start llama-server (installing it first if needed), print its URL, serve until Ctrl-C."""
     from agentbatch.engine import EngineError, LlamaServer, install
 
+    extra = ("--slot-save-path", str(slot_save_path)) if slot_save_path is not None else ()
     try:
         paths = install(log=_say)
         server = LlamaServer(paths, port=port, parallel=parallel, ctx_per_slot=ctx_per_slot,
-                             threads=threads).start()
+                             threads=threads, extra_args=extra).start()
     except EngineError as exc:
         raise _fail(exc) from None
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server as Ctrl-C does

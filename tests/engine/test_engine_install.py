@@ -263,3 +263,15 @@ def test_cli_demo_refuses_an_unknown_engine() -> None:
     result = CliRunner().invoke(app, ["demo", "--engine", "vllm"])
     assert result.exit_code == 2
     assert "--engine must be sim or llamacpp" in result.output
+
+
+def test_cli_start_refuses_a_slot_save_path_that_is_no_directory(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentbatch.cli import app
+
+    missing = tmp_path / "missing"
+    result = CliRunner().invoke(app, ["engine", "start", "--slot-save-path", str(missing)],
+                                env={"COLUMNS": "400"})  # one line: the path is not wrapped
+    assert result.exit_code == 2
+    assert "--slot-save-path" in result.output and "does not exist" in result.output

@@ -79,6 +79,15 @@ class RecordingBackend(VLLMBackend):
         await super().learn_inflight_hint()
         self._learned = True
 
+    async def save_conversation(self, agent_key: str, name: str) -> bool:
+        record("save_conversation")
+        await super().save_conversation(agent_key, name)
+        return True  # as if saved, so that a pool goes on to ``restore_conversation``
+
+    async def restore_conversation(self, agent_key: str, name: str) -> bool:
+        record("restore_conversation")
+        return await super().restore_conversation(agent_key, name)
+
     async def complete_batch(self, prompts: list[str], **kwargs: Any
                              ) -> list[ModelResponse | BackendError]:
         record("complete_batch")

@@ -37,7 +37,7 @@ from tests.support.hook_recorder import (
 
 HOOKS = {"preflight", "warm", "fetch_load", "inflight_hint", "learn_inflight_hint",
          "complete_batch", "batch_limit", "health", "listeners", "requests_sent", "retries",
-         "context_length", "count_tokens"}
+         "context_length", "count_tokens", "save_conversation", "restore_conversation"}
 DEADLINE_S = 60.0
 
 
@@ -156,6 +156,22 @@ async def test_the_pool_calls_its_endpoints_hooks(hook_log: Path, sim_url: str) 
         await pool.aclose()
     assert load is not None and len(replies) == 2
     assert recorded(hook_log) == {"health", "warm", "fetch_load", "complete_batch"}
+
+
+async def test_a_pool_moving_a_turn_for_load_carries_its_conversation(hook_log: Path,
+                                                                       sim_url: str) -> None:
+    pool = EndpointPool([RecordingBackend(sim_url), RecordingBackend(sim_url)], load_factor=1)
+    home, other = pool.stats()  # the same URL twice: two endpoints, told apart by name
+    request = ModelRequest(model="m", agent_key="agent0", cached_on=home,
+                           messages=[{"role": "user", "content": "@sim answer ok\nThanks."}])
+    pool._eps[0].outstanding = 5  # its home is past the load bound (floor 2) now
+    try:
+        reply = await pool.complete(request)
+    finally:
+        pool._eps[0].outstanding = 0
+        await pool.aclose()
+    assert reply.endpoint == other and pool.moves()["load"] == 1
+    assert recorded(hook_log) == {"save_conversation", "restore_conversation"}
 
 
 @pytest.mark.redis

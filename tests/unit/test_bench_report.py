@@ -248,3 +248,18 @@ def test_hedge_renders_medians_ratios_and_the_hedge_counters():
     assert p99.split("|")[4].strip() == f"{ratios['agent_latency_p99_s']:.2f}"
     hedges = sum(r["hedge"]["hedges"] for r in data["runs"]["hedged"])
     assert f"{hedges} hedges" in text
+
+
+def test_slot_carry_renders_a_row_per_size_with_the_ratio():
+    from benchmarks.bench_slot_carry import summarise
+
+    rows = [{"pages": 2, "mode": m, "case": "c", "conversation_tokens": 700,
+             "moved_prompt_tokens": 720, "moved_computed_tokens": c, "moved_wall_s": w}
+            for m, c, w in (("carried", 20, 0.5), ("cold", 700, 5.0), ("carried", 22, 0.7),
+                            ("cold", 702, 6.0))]
+    summary = summarise(rows)
+    assert summary["pages_2"]["carried_wall_over_cold"] == pytest.approx(0.6 / 5.5)
+    assert summary["pages_2"]["carried_moved_computed_tokens_median"] == 21
+    text = render_file({"benchmark": "slot_carry", "summary": summary, "total_s": 9.0,
+                        "carries": {"carried": 2, "not_carried": 0}})
+    assert "| 2 | 700 | 2 | 701 | 21 | 5.50 | 0.60 | 0.11 |" in text, text

@@ -1,0 +1,118 @@
+"""A turn moved for load takes its conversation along, on two real llama-servers
+(``EndpointPool._carry``; llama.cpp's ``/slots`` save and restore).
+
+Two servers sharing one ``--slot-save-path``: an agent's first turn runs on one; its second
+is moved off it (the home's in-flight count is set past the load bound, so the move does not
+depend on timing), and before it is sent the slot holding the conversation is saved there and
+restored into a free slot of the other server, where the turn is pinned. The reply's cached
+token count is the server's own: the turn computed its new message only. With a save
+directory per server, the restore fails, nothing is carried, the pair is not tried again,
+and the turn computes its conversation again. Assertions are agentbatch's decisions and the
+server's counts, never what the model wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbatch.backends.llamacpp import LlamaCppBackend
+from agentbatch.backends.pool import EndpointPool, carry_file
+from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.engine import EnginePaths, LlamaServer
+from tests.engine.test_llamacpp_warmup import MODEL, SYSTEM
+
+pytestmark = pytest.mark.engine
+
+AGENT = "carry:0"
+PAGE = ("Section {n}: the pump must be primed before first use; check the seal, the valve and "
+        "the filter, and write the reading in the log book with the date. ") * 6
+
+
+def _messages(turn: int) -> list[dict[str, Any]]:
+    """The agent's conversation at ``turn`` (1 or 2), with a fixed assistant reply."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Case {AGENT}: page 1. {PAGE.format(n=1)}"}]
+    if turn == 2:
+        messages += [{"role": "assistant", "content": "Read page 1."},
+                     {"role": "user", "content": "Page 2: the valve."}]
+    return messages
+
+
+async def _move(urls: list[str]) -> tuple[ModelResponse, ModelResponse, str, EndpointPool]:
+    """Turn 1 on the pool, then turn 2 with its home past the load bound: the replies, the
+    home and the pool (its counters)."""
+    backends = [LlamaCppBackend(u) for u in urls]
+    pool = EndpointPool(list(backends), load_factor=1.0)
+    try:
+        for b in backends:  # the warm-up probe turns pinning on (``SlotPicker``), as preflight
+            probe = await b.probe_cache(ModelRequest(
+                model=MODEL, max_tokens=1, agent_key="carry:warmup",
+                messages=[{"role": "system", "content": SYSTEM},
+                          {"role": "user", "content": "ok"}]))
+            assert probe is not None and probe.pinning_keeps_prefix, probe
+        first = await pool.complete(ModelRequest(model=MODEL, max_tokens=1, temperature=0.0,
+                                                 agent_key=AGENT, messages=_messages(1)))
+        home = first.endpoint
+        assert home is not None
+        index = pool.backends.index(next(b for b in backends if b.name == home))
+        pool._eps[index].outstanding = 5  # past the bound (the floor, 2): the turn moves
+        try:
+            second = await pool.complete(ModelRequest(
+                model=MODEL, max_tokens=1, temperature=0.0, agent_key=AGENT, cached_on=home,
+                messages=_messages(2)))
+        finally:
+            pool._eps[index].outstanding = 0
+        return first, second, home, pool
+    finally:
+        await pool.aclose()
+
+
+def _servers(engine_paths: EnginePaths, dirs: list[Path]) -> list[LlamaServer]:
+    return [LlamaServer(engine_paths, parallel=2, threads=1,
+                        extra_args=("--slot-save-path", str(d))).start() for d in dirs]
+
+
+def test_a_moved_turn_finds_its_conversation_restored_where_it_went(
+        engine_paths: EnginePaths, tmp_path: Path) -> None:
+    servers = _servers(engine_paths, [tmp_path, tmp_path])
+    try:
+        first, second, home, pool = asyncio.run(_move([s.llamacpp_url for s in servers]))
+    finally:
+        for s in servers:
+            s.stop()
+    assert second.endpoint not in (None, home)
+    assert pool.moves() == {"load": 1, "failover": 0}
+    assert pool.carries() == {"carried": 1, "not_carried": 0}
+    # one file, named for the endpoint the turn went to: overwritten by the next carry there
+    assert [p.name for p in tmp_path.iterdir()] == [carry_file(second.endpoint or "")]
+    # the server found the whole first turn cached: it computed the new message only
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens - 8, (first.usage,
+                                                                        second.usage)
+    computed = second.usage.prompt_tokens - second.usage.cached_tokens
+    assert computed <= second.usage.prompt_tokens - first.usage.prompt_tokens + 8, second.usage
+
+
+def test_servers_that_share_no_save_directory_carry_nothing(
+        engine_paths: EnginePaths, tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    servers = _servers(engine_paths, dirs)
+    try:
+        first, second, home, pool = asyncio.run(_move([s.llamacpp_url for s in servers]))
+    finally:
+        for s in servers:
+            s.stop()
+    assert second.endpoint not in (None, home)
+    assert pool.carries() == {"carried": 0, "not_carried": 1}
+    assert len(pool._no_carry) == 1  # that pair is not tried again
+    # the turn computed its conversation again where it went: all the first turn computed
+    # (the shared system prompt aside, which the warm-up left cached on both servers)
+    computed = second.usage.prompt_tokens - second.usage.cached_tokens
+    assert computed >= first.usage.prompt_tokens - first.usage.cached_tokens, (first.usage,
+                                                                               second.usage)
