@@ -64,13 +64,12 @@ turn each (a repair allowed) sharing a ~280-token system prompt.
 Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results file:
 
     python -m benchmarks.bench_engine --pool 2 --threads 1 --parallel 2 \
-        --systems embedded,embedded_least_outstanding,naive_round_robin,naive_hash \
+        --systems embedded,embedded_least_outstanding,distributed,naive_round_robin,naive_hash \
         --workloads longconv:4:3,tools:16:3 --max-tokens 64 --timeout 500 \
         --json benchmarks/results/engine_pool.json
 
-(The committed run, about 10 minutes. ``distributed`` can be added to ``--systems``, with
-``--system-rounds distributed:1`` to keep the invocation within half an hour on a 2-core
-machine.)
+(The committed run adds ``distributed`` to ``--systems``: 25 minutes on a 2-core machine;
+``--system-rounds distributed:1`` gives it one round instead.)
 
 ``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
 gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with
