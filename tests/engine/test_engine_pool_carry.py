@@ -72,19 +72,23 @@ async def _move(urls: list[str]) -> tuple[ModelResponse, ModelResponse, str, End
         await pool.aclose()
 
 
-def _servers(engine_paths: EnginePaths, dirs: list[Path]) -> list[LlamaServer]:
-    return [LlamaServer(engine_paths, parallel=2, threads=1,
-                        extra_args=("--slot-save-path", str(d))).start() for d in dirs]
+def _moved_on(engine_paths: EnginePaths, dirs: list[Path]
+              ) -> tuple[ModelResponse, ModelResponse, str, EndpointPool]:
+    """``_move`` on two servers started with these ``--slot-save-path`` directories."""
+    servers = [LlamaServer(engine_paths, parallel=2, threads=1,
+                           extra_args=("--slot-save-path", str(d))) for d in dirs]
+    try:
+        for s in servers:
+            s.start()
+        return asyncio.run(_move([s.llamacpp_url for s in servers]))
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def test_a_moved_turn_finds_its_conversation_restored_where_it_went(
         engine_paths: EnginePaths, tmp_path: Path) -> None:
-    servers = _servers(engine_paths, [tmp_path, tmp_path])
-    try:
-        first, second, home, pool = asyncio.run(_move([s.llamacpp_url for s in servers]))
-    finally:
-        for s in servers:
-            s.stop()
+    first, second, home, pool = _moved_on(engine_paths, [tmp_path, tmp_path])
     assert second.endpoint not in (None, home)
     assert pool.moves() == {"load": 1, "failover": 0}
     assert pool.carries() == {"carried": 1, "not_carried": 0}
@@ -102,12 +106,7 @@ def test_servers_that_share_no_save_directory_carry_nothing(
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
-    servers = _servers(engine_paths, dirs)
-    try:
-        first, second, home, pool = asyncio.run(_move([s.llamacpp_url for s in servers]))
-    finally:
-        for s in servers:
-            s.stop()
+    first, second, home, pool = _moved_on(engine_paths, dirs)
     assert second.endpoint not in (None, home)
     assert pool.carries() == {"carried": 0, "not_carried": 1}
     assert len(pool._no_carry) == 1  # that pair is not tried again
