@@ -16,6 +16,7 @@ from agentbatch.core.errors import BackendError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
+    from agentbatch.backends.slot_placement import SlotPlacer
     from agentbatch.core.plan import BatchPlan
 
 RetryListener = Callable[[BaseException], None]
@@ -104,6 +105,20 @@ class Backend(ABC):
         """Called by an endpoint pool after another endpoint's ``save_conversation``: load
         ``name`` here, so the agent's moved turn, sent here next, finds its conversation
         cached instead of computing it again. False: not loaded. Default: not supported."""
+        return False
+
+    async def pinned_slots(self) -> int | None:
+        """Read by a distributed submitter after ``preflight``: the slot count of a server
+        whose turns this driver pins to slots (llama.cpp, once its warm-up probe found that
+        pinning keeps the prefix), recorded in the plan (``BatchPlan.pinned_slots``) so the
+        workers pin alike (``share_slots``). Default None: no pinning."""
+        return None
+
+    def share_slots(self, placer: SlotPlacer) -> bool:
+        """Called on a distributed worker for an endpoint the plan names in ``pinned_slots``:
+        pin turns through ``placer``, the fleet's shared slot map, so every worker sends an
+        agent's turn to the slot holding its conversation. False: not taken. Default: not
+        supported."""
         return False
 
     async def complete_batch(
@@ -208,6 +223,12 @@ class BackendWrapper(Backend):
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         return await self._inner.restore_conversation(agent_key, name)
+
+    async def pinned_slots(self) -> int | None:
+        return await self._inner.pinned_slots()
+
+    def share_slots(self, placer: SlotPlacer) -> bool:
+        return self._inner.share_slots(placer)
 
     async def complete_batch(self, prompts: list[str], **kwargs: Any
                              ) -> list[ModelResponse | BackendError]:

@@ -10,7 +10,8 @@ warm-up checks that the server's prompt cache works (``probe_cache``: a warning 
 that defeat it) and whether pinning turns to slots keeps the prefix, in which case a turn goes
 with ``id_slot`` to its agent's slot while that slot still holds its conversation, and without
 (the server then restores the conversation from its host-memory cache) once another agent's
-turn took the slot (``SlotPicker``). An agent moved to another server of a pool for load takes
+turn took the slot (``SlotPicker``; on a distributed worker the fleet's shared one,
+``share_slots``: ``distributed/state/slot_map.py``). An agent moved to another server of a pool for load takes
 its conversation along where the servers share a ``--slot-save-path`` (``save_conversation``,
 ``restore_conversation``: ``/slots`` save and restore; ``pool.EndpointPool._carry``).
 ``tool_choice="required"`` is not enforced here. Why each default, with the measurements:
@@ -35,6 +36,7 @@ from agentbatch.backends.base import BackendCapabilities
 from agentbatch.backends.batch_prompting import ServerTemplate, text_conversations
 from agentbatch.backends.gbnf import Unsupported, split_gbnf, to_gbnf
 from agentbatch.backends.openai_compat import OpenAICompatBackend, response_format
+from agentbatch.backends.slot_placement import Placement, SlotPlacer
 from agentbatch.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -53,6 +55,9 @@ PROPS_TIMEOUT_S = 10.0
 # A slot file written or read for a moved agent (``save_conversation``): a few MB for a small
 # model's conversation, read back in milliseconds (benchmarks/results/slot_carry.json).
 SLOT_FILE_TIMEOUT_S = 30.0
+# A fleet's slot placer (``SlotPlacer``) bounds each call itself; a turn waits at most this
+# for its release before its reply goes on (the release then finishes on its own).
+PLACER_WAIT_S = 5.0
 # Jump-forward only when the forced start is worth it: ``{"`` (one token) is not.
 MIN_PREFILL_CHARS = 6
 
@@ -116,16 +121,6 @@ class CacheProbe:
         """A slot kept the prefix while another slot served a request: pinning is safe."""
         return (self.pinned_cached is not None
                 and self.pinned_cached >= CACHED_SHARE * self.prompt_tokens)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one turn goes: ``send``, the ``id_slot`` sent (None: the server picks), and
-    ``slot``, the slot this process counts it on while it runs (the one sent, or the one the
-    server is expected to pick: its idle slot used longest ago)."""
-
-    send: int | None
-    slot: int | None
 
 
 class SlotPicker:
@@ -210,6 +205,11 @@ class SlotPicker:
                 self.homes.popitem(last=False)
 
 
+def _first_turn(request: ModelRequest) -> bool:
+    """No reply of the model's in the conversation yet: no slot can hold it."""
+    return not any(m.get("role") == "assistant" for m in request.messages)
+
+
 class _Landed:
     """Where an unpinned turn ran: llama-server's ``id_slot``, from its reply's ``__verbose``
     (asked for with ``verbose`` and ``response_fields``)."""
@@ -288,6 +288,8 @@ class LlamaCppBackend(OpenAICompatBackend):
         self.slot_affinity = slot_affinity
         self.cache_probe: CacheProbe | None = None
         self._picker: SlotPicker | None = None
+        self._placer: SlotPlacer | None = None  # the fleet's picker, on a distributed worker
+        self._releases: set[asyncio.Task[None]] = set()  # a placer's releases under way
         self.compact_json = compact_json
         self.jump_forward = jump_forward and compact_json
         self._splits: dict[int, tuple[Any, tuple[str, str] | None]] = {}
@@ -440,6 +442,19 @@ class LlamaCppBackend(OpenAICompatBackend):
                   "on" if self._picker else "off")
         return probe
 
+    async def pinned_slots(self) -> int | None:
+        """The slot count once the warm-up probe found that pinning turns to slots keeps the
+        prefix (then turns are pinned: ``SlotPicker``); None otherwise."""
+        return await self.total_slots() if self._picker is not None else None
+
+    def share_slots(self, placer: SlotPlacer) -> bool:
+        """Pin turns through ``placer`` (the fleet's shared ``SlotPicker``): a distributed
+        worker, whose submitter's probe found pinning keeps the prefix. The first placer
+        stays, as does a picker of this process's own."""
+        if self._picker is None and self._placer is None:
+            self._placer = placer
+        return self._picker is not None or self._placer is placer
+
     async def _probe_once(self, request: ModelRequest, slot: int | None) -> tuple[int, int]:
         """(prompt tokens, cached prompt tokens) of one unstreamed ``max_tokens`` 1 request."""
         body = {**OpenAICompatBackend.build_body(self, request), "max_tokens": 1,
@@ -521,19 +536,32 @@ class LlamaCppBackend(OpenAICompatBackend):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         if self.slot_affinity and self._props is None and not self._no_slots:
             await self._learn_slots()
-        picker = self._picker
-        place = picker.acquire(request.agent_key) if picker is not None else None
+        picker, placer = self._picker, self._placer
+        place: Placement | None = None
+        if picker is not None:
+            place = picker.acquire(request.agent_key)
+        elif placer is not None and request.agent_key:
+            place = await placer.acquire(request.agent_key, _first_turn(request))
         landed = _Landed() if place is not None and place.send is None else None
         token = _PINNED.set(place.send if place is not None else None)
         heard = _LANDED.set(landed)
+        released: asyncio.Task[None] | None = None
         try:
             response = await super().complete(request)
         finally:
             _LANDED.reset(heard)
             _PINNED.reset(token)
+            heard_slot = landed.slot if landed is not None else None
             if picker is not None and place is not None:
-                picker.release(place, request.agent_key,
-                               landed.slot if landed is not None else None)
+                picker.release(place, request.agent_key, heard_slot)
+            elif placer is not None and place is not None:
+                # a task, so a cancelled turn still gives its slot back (bounded: SlotPlacer)
+                released = asyncio.ensure_future(
+                    placer.release(place, request.agent_key, heard_slot))
+                self._releases.add(released)
+                released.add_done_callback(self._releases.discard)
+        if released is not None:  # before the reply is committed: the next turn sees it
+            await asyncio.wait({released}, timeout=PLACER_WAIT_S)
         split = self._prefill(request)
         if split is not None and response.text is not None \
                 and not response.text.startswith(split[0]):

@@ -196,6 +196,18 @@ async def preflight_backend(backend: Backend, plan: BatchPlan) -> None:
             await _check_queue_gauge(endpoint, plan.max_server_waiting)
 
 
+async def slot_pinning(backend: Backend) -> dict[str, int]:
+    """The endpoints that pin turns to slots after their warm-up (``Backend.pinned_slots``),
+    by name, with their slot counts: what a distributed batch's workers pin by
+    (``BatchPlan.pinned_slots``)."""
+    found: dict[str, int] = {}
+    for endpoint in endpoints(backend):
+        slots = await endpoint.pinned_slots()
+        if slots:
+            found[endpoint.name] = slots
+    return found
+
+
 async def _check_queue_gauge(endpoint: Backend, max_waiting: int) -> None:
     load = await endpoint.fetch_load()  # the default (no server metrics) says None
     if load is None or not load.queue_known:

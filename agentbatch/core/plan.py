@@ -77,6 +77,10 @@ class BatchPlan(BaseModel):
     # ``deadline`` as an absolute time in Redis's clock (epoch seconds; the submitter and
     # the workers sync to it), set at submit: "seconds from submit" means one instant fleet-wide
     deadline_at: float | None = None
+    # set at submit: the llama.cpp endpoints (name -> slots) whose warm-up probe found that
+    # pinning turns to slots keeps the prefix; the workers pin theirs through the fleet's
+    # slot map (``distributed/state/slot_map.py``), as the embedded engine's ``SlotPicker``
+    pinned_slots: dict[str, int] = Field(default_factory=dict)
     # resolved from "auto" at submit (``json_tool_calling.mode_for_backends``)
     tool_calling: Literal["native", "json"] = "native"
     tool_choice: ToolChoice = _default("tool_choice")

@@ -23,7 +23,12 @@ from typing import Any, TypeVar
 import redis
 
 from agentbatch.backends.base import Backend
-from agentbatch.backends.setup import open_backend, preflight_backend, warm_backend
+from agentbatch.backends.setup import (
+    open_backend,
+    preflight_backend,
+    slot_pinning,
+    warm_backend,
+)
 from agentbatch.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -290,6 +295,7 @@ async def _warm(plan: BatchPlan) -> None:
     backend = open_backend(plan.backends, timeout=min(plan.timeout_per_turn or 30.0, 30.0))
     try:
         await preflight_backend(backend, plan)
+        plan.pinned_slots = await slot_pinning(backend)
         if plan.pricing != "sync":
             await check_batch_api(plan, backend)
         # all-batch turns skip the sync prefix cache it warms ("auto" sends some turns sync)

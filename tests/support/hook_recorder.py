@@ -22,12 +22,14 @@ from agentbatch.core.errors import BackendError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
+    from agentbatch.backends.slot_placement import SlotPlacer
     from agentbatch.core.plan import BatchPlan
 
 LOG_ENV = "AGENTBATCH_TEST_HOOK_LOG"
 REGISTER_ENV = "AGENTBATCH_TEST_RECORD_HOOKS"
 DRIVER = "tests.support.hook_recorder:RecordingBackend"
 LEARNED_HINT = 4  # what ``inflight_hint`` says once ``learn_inflight_hint`` ran
+PINNED_SLOTS = 2  # what ``pinned_slots`` says: the plan then names this endpoint
 
 
 class Answer(BaseModel):
@@ -87,6 +89,16 @@ class RecordingBackend(VLLMBackend):
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         record("restore_conversation")
         return await super().restore_conversation(agent_key, name)
+
+    async def pinned_slots(self) -> int | None:
+        record("pinned_slots")
+        await super().pinned_slots()
+        return PINNED_SLOTS  # as if pinned, so that a worker is handed the fleet's map
+
+    def share_slots(self, placer: SlotPlacer) -> bool:
+        record("share_slots")
+        super().share_slots(placer)
+        return True
 
     async def complete_batch(self, prompts: list[str], **kwargs: Any
                              ) -> list[ModelResponse | BackendError]:

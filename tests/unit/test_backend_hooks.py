@@ -37,7 +37,8 @@ from tests.support.hook_recorder import (
 
 HOOKS = {"preflight", "warm", "fetch_load", "inflight_hint", "learn_inflight_hint",
          "complete_batch", "batch_limit", "health", "listeners", "requests_sent", "retries",
-         "context_length", "count_tokens", "save_conversation", "restore_conversation"}
+         "context_length", "count_tokens", "save_conversation", "restore_conversation",
+         "pinned_slots", "share_slots"}
 DEADLINE_S = 60.0
 
 
@@ -185,9 +186,12 @@ def test_workers_call_the_hooks_of_a_distributed_batch(hook_log: Path, sim_url: 
     results = handle.wait(timeout=3 * DEADLINE_S)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     mine, theirs = recorded(hook_log, by=os.getpid()), recorded(hook_log, not_by=os.getpid())
-    # The submitter checks the server and warms it; a worker learns the slot hint (no
-    # preflight ran there) and reads it for the fleet cap, reads the load at its gate and
-    # the batch limit as each turn enters a batching window. Whether two turns share a
-    # window on a worker is timing, so complete_batch is not asserted here (it is above).
-    assert mine == {"preflight", "warm", "fetch_load"}
-    assert {"learn_inflight_hint", "inflight_hint", "fetch_load", "batch_limit"} <= theirs
+    # The submitter checks the server, asks whether it pins turns to slots, and warms it;
+    # a worker learns the slot hint (no preflight ran there) and reads it for the fleet cap,
+    # is handed the fleet's slot map for the endpoint the plan says pins, reads the load at
+    # its gate and the batch limit as each turn enters a batching window. Whether two turns
+    # share a window on a worker is timing, so complete_batch is not asserted here (it is
+    # above).
+    assert mine == {"preflight", "pinned_slots", "warm", "fetch_load"}
+    assert {"learn_inflight_hint", "inflight_hint", "share_slots", "fetch_load",
+            "batch_limit"} <= theirs

@@ -8,6 +8,8 @@ queue lists, so Redis Cluster is refused (``distributed/state/connection.py``,
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "ab"
 ACTIVE_BATCHES = f"{PREFIX}:batches"  # set of batch ids the recovery sweep watches
 SWEEP_LOCK = f"{PREFIX}:sweep:lock"  # one sweeper at a time, fleet-wide
@@ -24,6 +26,13 @@ TOMBSTONE_S = 30 * 24 * 3600  # how long a batch's ``gone`` key outlives its ret
 # A submitter writes a batch's keys here first; submit.lua renames them into place, never over
 # an existing key (deploy/redis-users.acl lets submitters write batch keys no other way).
 STAGING = f"{PREFIX}:stage"
+
+
+def slot_map_key(endpoint: str) -> str:
+    """Hash: which agent's conversation each slot of one llama-server holds, and our turns on
+    it, fleet-wide (``slot_map.FleetSlots``; ``lua/slot_take.lua``). One per server, expiring
+    once idle; keyed by a digest of the endpoint's name, so no URL is spelled in a key."""
+    return f"{PREFIX}:slots:{hashlib.sha1(endpoint.encode()).hexdigest()[:16]}"
 
 
 class BatchKeys:

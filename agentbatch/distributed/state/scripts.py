@@ -19,7 +19,7 @@ NAMES = ("claim", "commit", "resend", "tool_touch", "tool_start", "renew", "rele
          "tool_finish",
          "sem_throttle", "sem_success",
          "note", "sem_renew", "rate_take", "park", "wake",
-         "cancel", "submit", "pay_lost", "hedge_intent", "forget")
+         "cancel", "submit", "pay_lost", "hedge_intent", "forget", "slot_take", "slot_give")
 
 
 @cache
@@ -58,3 +58,5 @@ class Scripts:
     pay_lost: Any
     hedge_intent: Any
     forget: Any
+    slot_take: Any
+    slot_give: Any

@@ -31,6 +31,7 @@ from agentbatch.distributed.state.note_hub import NoteHub
 from agentbatch.distributed.state.redis_store import BatchStore
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.semaphore import RedisSemaphore
+from agentbatch.distributed.state.slot_map import share_fleet_slots
 from agentbatch.distributed.tool_coalesce import RedisCoalescer, RedisResultCache
 from agentbatch.distributed.tool_rate import redis_buckets
 from agentbatch.distributed.workers.batch_stats import BatchStats
@@ -132,6 +133,8 @@ class WorkerContext:
             # the server's slot count (llama.cpp /props) caps the fleet's in-flight turns,
             # as in the embedded engine (``semaphore``); unknown if the server cannot say
             await learn_inflight_hint(loaded.runtime.backend)
+            # turns pinned to llama.cpp slots alike on every worker (``slot_map.py``)
+            share_fleet_slots(loaded.runtime.backend, plan, self.redis, self.scripts)
         self._remember(batch_id, loaded)
         return loaded
 
