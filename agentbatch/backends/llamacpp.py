@@ -11,9 +11,10 @@ that defeat it) and whether pinning turns to slots keeps the prefix, in which ca
 with ``id_slot`` to its agent's slot while that slot still holds its conversation, and without
 (the server then restores the conversation from its host-memory cache) once another agent's
 turn took the slot (``SlotPicker``; on a distributed worker the fleet's shared one,
-``share_slots``: ``distributed/state/slot_map.py``). An agent moved to another server of a pool for load takes
-its conversation along where the servers share a ``--slot-save-path`` (``save_conversation``,
-``restore_conversation``: ``/slots`` save and restore; ``pool.EndpointPool._carry``).
+``share_slots``: ``distributed/state/slot_map.py``). An agent moved to another server of a
+pool for load takes its conversation along where the servers share a ``--slot-save-path``
+(``save_conversation``, ``restore_conversation``: ``/slots`` save and restore;
+``pool.EndpointPool._carry``).
 ``tool_choice="required"`` is not enforced here. Why each default, with the measurements:
 docs/engine-llamacpp.md.
 """
@@ -577,19 +578,18 @@ class LlamaCppBackend(OpenAICompatBackend):
     async def save_conversation(self, agent_key: str, name: str) -> bool:
         """Save the slot holding the agent's conversation to ``name`` in the server's
         ``--slot-save-path`` (``POST /slots/{id}?action=save``). Only where turns are pinned
-        (``SlotPicker``: this process knows which slot holds whom, so not on a distributed
-        worker) and the slot is idle. A server started without the path says so once (501);
-        it is not asked again."""
-        picker = self._picker
-        if picker is None or not self._slot_files:
+        (``SlotPicker``, or on a distributed worker the fleet's map: they know which slot
+        holds whom) and the slot is idle. A server started without the path says so once
+        (501); it is not asked again."""
+        if not self._carries():
             return False
-        place = picker.held(agent_key)
+        place = await self._slot_held(agent_key)
         if place is None:
             return False
         try:
             reply = await self._slot_action(place.slot, "save", name)
         finally:
-            picker.release(place, agent_key)
+            await self._slot_back(place, agent_key)
         return bool(reply and reply.get("n_saved"))
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
@@ -597,10 +597,9 @@ class LlamaCppBackend(OpenAICompatBackend):
         then holds the agent's conversation, so its next turn is pinned there and computes
         only what is new. False, with the slot holding nobody's, if the file is not there
         (the servers do not share a ``--slot-save-path``) or the restore failed."""
-        picker = self._picker
-        if picker is None or not self._slot_files:
+        if not self._carries():
             return False
-        place = picker.claim()
+        place = await self._slot_claimed()
         if place is None:
             return False
         restored = False
@@ -608,8 +607,31 @@ class LlamaCppBackend(OpenAICompatBackend):
             reply = await self._slot_action(place.slot, "restore", name)
             restored = bool(reply and reply.get("n_restored"))
         finally:
-            picker.release(place, agent_key if restored else "")
+            await self._slot_back(place, agent_key if restored else "")
         return restored
+
+    def _carries(self) -> bool:
+        """Turns are pinned here (so a slot is known to hold an agent), and the server has
+        not said it saves no slots."""
+        return (self._picker is not None or self._placer is not None) and self._slot_files
+
+    async def _slot_held(self, agent_key: str) -> Placement | None:
+        if self._picker is not None:
+            return self._picker.held(agent_key)
+        return await self._placer.held(agent_key) if self._placer is not None else None
+
+    async def _slot_claimed(self) -> Placement | None:
+        if self._picker is not None:
+            return self._picker.claim()
+        return await self._placer.claim() if self._placer is not None else None
+
+    async def _slot_back(self, place: Placement, agent_key: str) -> None:
+        """Give back a slot taken by ``_slot_held`` / ``_slot_claimed``: it then holds
+        ``agent_key``'s conversation ("": nobody's)."""
+        if self._picker is not None:
+            self._picker.release(place, agent_key)
+        elif self._placer is not None:
+            await self._placer.release(place, agent_key, None)
 
     async def _slot_action(self, slot: int | None, action: str, name: str
                            ) -> dict[str, Any] | None:

@@ -31,6 +31,17 @@ class SlotPlacer(Protocol):
         """``first``: the agent's first turn (no slot can hold its conversation yet)."""
         ...
 
+    async def held(self, agent_key: str) -> Placement | None:
+        """The idle slot holding the agent's conversation, counted busy (to save it from),
+        or None; given back with ``release(place, agent_key, None)``."""
+        ...
+
+    async def claim(self) -> Placement | None:
+        """A free slot, counted busy (to restore a conversation into), or None; given back
+        with ``release(place, agent_key, None)`` once restored (it then holds the agent's
+        conversation), or ``release(place, "", None)`` if not (it then holds nobody's)."""
+        ...
+
     async def release(self, place: Placement, agent_key: str, ran: int | None) -> None:
         """The turn ended; ``ran``: the slot the server said it ran on, if it said."""
         ...

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from agentbatch.backends.llamacpp import LlamaCppBackend
 from agentbatch.backends.pool import EndpointPool, carry_file
 from agentbatch.core.model_io import ModelRequest, ModelResponse
+from agentbatch.distributed.state.scripts import Scripts
+from agentbatch.distributed.state.slot_map import FleetSlots
 from agentbatch.engine import EnginePaths, LlamaServer
 from tests.engine.test_llamacpp_warmup import MODEL, SYSTEM
 
@@ -59,36 +62,78 @@ async def _move(urls: list[str]) -> tuple[ModelResponse, ModelResponse, str, End
                                                  agent_key=AGENT, messages=_messages(1)))
         home = first.endpoint
         assert home is not None
-        index = pool.backends.index(next(b for b in backends if b.name == home))
-        pool._eps[index].outstanding = 5  # past the bound (the floor, 2): the turn moves
-        try:
-            second = await pool.complete(ModelRequest(
-                model=MODEL, max_tokens=1, temperature=0.0, agent_key=AGENT, cached_on=home,
-                messages=_messages(2)))
-        finally:
-            pool._eps[index].outstanding = 0
-        return first, second, home, pool
+        return first, await _loaded_home_turn(pool, home), home, pool
     finally:
         await pool.aclose()
 
 
-def _moved_on(engine_paths: EnginePaths, dirs: list[Path]
+async def _move_between_workers(urls: list[str], redis_url: str
+                                ) -> tuple[ModelResponse, ModelResponse, str, EndpointPool]:
+    """``_move`` on the distributed engine: turn 1 on one worker's pool, turn 2 on another
+    worker's, each driver pinning through the fleet's slot map (``FleetSlots``, what
+    ``share_fleet_slots`` hands a worker), so the second worker saves from the slot the
+    first one's turn ran on."""
+    clients = [aioredis.from_url(redis_url) for _ in range(2)]
+    pools = []
+    for client in clients:
+        backends = [LlamaCppBackend(u) for u in urls]
+        for b in backends:
+            assert b.share_slots(FleetSlots(client, Scripts(client), b.name, 2, 120_000))
+        pools.append(EndpointPool(list(backends), load_factor=1.0))
+    try:
+        first = await pools[0].complete(ModelRequest(
+            model=MODEL, max_tokens=1, temperature=0.0, agent_key=AGENT,
+            messages=_messages(1)))
+        home = first.endpoint
+        assert home is not None
+        second = await _loaded_home_turn(pools[1], home)
+        return first, second, home, pools[1]
+    finally:
+        for pool in pools:
+            await pool.aclose()
+        for client in clients:
+            await client.aclose()
+
+
+async def _loaded_home_turn(pool: EndpointPool, home: str) -> ModelResponse:
+    """The agent's second turn, with its home past the pool's load bound: it moves."""
+    index = [b.name for b in pool.backends].index(home)
+    pool._eps[index].outstanding = 5  # past the bound (the floor, 2): the turn moves
+    try:
+        return await pool.complete(ModelRequest(
+            model=MODEL, max_tokens=1, temperature=0.0, agent_key=AGENT, cached_on=home,
+            messages=_messages(2)))
+    finally:
+        pool._eps[index].outstanding = 0
+
+
+def _moved_on(engine_paths: EnginePaths, dirs: list[Path], redis_url: str | None = None
               ) -> tuple[ModelResponse, ModelResponse, str, EndpointPool]:
-    """``_move`` on two servers started with these ``--slot-save-path`` directories."""
+    """``_move`` (or, given Redis, ``_move_between_workers``) on two servers started with
+    these ``--slot-save-path`` directories."""
     servers = [LlamaServer(engine_paths, parallel=2, threads=1,
                            extra_args=("--slot-save-path", str(d))) for d in dirs]
     try:
         for s in servers:
             s.start()
-        return asyncio.run(_move([s.llamacpp_url for s in servers]))
+        urls = [s.llamacpp_url for s in servers]
+        return asyncio.run(_move(urls) if redis_url is None
+                           else _move_between_workers(urls, redis_url))
     finally:
         for s in servers:
             s.stop()
 
 
+@pytest.mark.parametrize("engine", ["embedded", pytest.param("distributed",
+                                                              marks=pytest.mark.redis)])
 def test_a_moved_turn_finds_its_conversation_restored_where_it_went(
-        engine_paths: EnginePaths, tmp_path: Path) -> None:
-    first, second, home, pool = _moved_on(engine_paths, [tmp_path, tmp_path])
+        engine_paths: EnginePaths, tmp_path: Path, engine: str,
+        request: pytest.FixtureRequest) -> None:
+    """On the distributed engine the turns run on two workers' pools, pinned through the
+    fleet's slot map: the worker moving the turn saves from the slot the other one's turn
+    ran on."""
+    redis_url = request.getfixturevalue("redis_url") if engine == "distributed" else None
+    first, second, home, pool = _moved_on(engine_paths, [tmp_path, tmp_path], redis_url)
     assert second.endpoint not in (None, home)
     assert pool.moves() == {"load": 1, "failover": 0}
     assert pool.carries() == {"carried": 1, "not_carried": 0}

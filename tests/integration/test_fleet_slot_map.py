@@ -99,6 +99,32 @@ async def test_a_turn_whose_slot_is_busy_or_taken_goes_unpinned(
     assert [k for k, v in held.items() if v == b"b:0"] == [f"h{1 - (moved.slot or 0)}".encode()]
 
 
+async def test_a_carry_saves_from_the_agents_idle_slot_and_restores_into_a_free_one(
+        clients: list[aioredis.Redis]) -> None:
+    a, b = fleet(clients[0]), fleet(clients[1])
+    await turn(a, "b:0", first=True)  # slot 0 holds b:0
+    assert await b.held("b:9") is None  # nobody's slot holds b:9
+    saving = await b.held("b:0")
+    assert saving == Placement(0, 0)
+    assert await a.held("b:0") is None  # counted busy while it is saved
+    # a restore claims a slot holding nobody's first
+    restoring = await a.claim()
+    assert restoring == Placement(1, 1)
+    assert await b.claim() is None  # both counted busy now
+    await b.release(saving, "b:0", None)
+    await a.release(restoring, "b:7", None)  # restored: slot 1 holds b:7's conversation
+    held = await clients[0].hgetall(slot_map_key(SERVER))
+    assert held[b"h0"] == b"b:0" and held[b"h1"] == b"b:7"
+    assert held[b"b0"] == held[b"b1"] == b"0"
+    # the restored agent's next turn is pinned where it was restored
+    assert await turn(b, "b:7", first=False) == Placement(1, 1)
+    # a restore that failed leaves its slot holding nobody's
+    failed = await a.claim()
+    assert failed is not None and failed.slot is not None
+    await a.release(failed, "", None)
+    assert await clients[0].hget(slot_map_key(SERVER), f"h{failed.slot}") in (None, b"")
+
+
 async def test_a_dead_workers_turn_stops_counting_at_its_deadline(
         clients: list[aioredis.Redis]) -> None:
     dead, live = fleet(clients[0], ttl_ms=300), fleet(clients[1])

@@ -2,13 +2,14 @@
 
 The embedded engine pins an agent's turns to the llama.cpp slot holding its conversation
 (``backends/llamacpp.py``: ``SlotPicker``), from what its one process saw. A distributed
-batch's turns run on any worker, so a picker per process would pin two agents to one slot
-and forget where each ran. ``FleetSlots`` makes the same decisions in Redis, one Lua call per
-turn start (``lua/slot_take.lua``) and one per end (``lua/slot_give.lua``), on one hash per
-server (``keys.slot_map_key``). A worker uses it for the servers whose warm-up probe at
-submit found pinning keeps the prefix (``BatchPlan.pinned_slots``). A turn counted on a slot
-by a worker that died stops counting at the turn's deadline; Redis that cannot answer in
-``CALL_TIMEOUT_S`` sends the turn unpinned, as without a map.
+batch's turns run on any worker, so a picker per process would pin two agents to one slot and
+forget where each ran. ``FleetSlots`` makes the same decisions in Redis, one Lua call per turn
+start (``lua/slot_take.lua``) and one per end (``lua/slot_give.lua``), on one hash per server
+(``keys.slot_map_key``); a carry between servers (``EndpointPool._carry``) saves from the slot
+it says holds the agent and restores into one it claims. A worker uses it for the servers whose
+warm-up probe at submit found pinning keeps the prefix (``BatchPlan.pinned_slots``). A turn
+counted on a slot by a worker that died stops counting at the turn's deadline; Redis that
+cannot answer in ``CALL_TIMEOUT_S`` sends the turn unpinned, as without a map.
 """
 
 from __future__ import annotations
@@ -49,11 +50,23 @@ class FleetSlots:
         self._warned = -_WARN_EVERY_S
 
     async def acquire(self, agent_key: str, first: bool) -> Placement:
+        return await self._take(agent_key, "first" if first else "next") or UNPINNED
+
+    async def held(self, agent_key: str) -> Placement | None:
+        return await self._take(agent_key, "held")
+
+    async def claim(self) -> Placement | None:
+        return await self._take("", "claim")
+
+    async def _take(self, agent_key: str, mode: str) -> Placement | None:
+        """``slot_take.lua`` in ``mode``; None when it placed nothing or did not answer."""
         reply = await self._call(self.scripts.slot_take, [
-            agent_key, self.slots, "1" if first else "0", self.turn_ttl_ms, IDLE_MS])
+            agent_key, self.slots, mode, self.turn_ttl_ms, IDLE_MS])
         if not isinstance(reply, list) or len(reply) != 2:
-            return UNPINNED
+            return None
         send, slot = (int(v) for v in reply)
+        if send < 0 and slot < 0:
+            return None
         return Placement(send if send >= 0 else None, slot if slot >= 0 else None)
 
     async def release(self, place: Placement, agent_key: str, ran: int | None) -> None:

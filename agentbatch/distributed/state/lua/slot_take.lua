@@ -3,14 +3,19 @@
 -- KEYS: the server's slot map hash (keys.slot_map_key): per slot i, h<i> = the agent whose
 --       conversation the slot holds, b<i> = our turns on it, e<i> = when that count lapses
 --       (ms), u<i> = when a turn last took it (ms)
--- ARGV: agent key, slots, first ('1': the agent's first turn), ttl_ms (a turn's deadline: a
---       count left by a dead worker lapses then), idle_ms (the map's own expiry)
--- Pinned to the slot holding the agent's conversation when no turn of ours is on it; a
--- first turn to a free slot holding nobody's; any other turn unpinned (llama.cpp restores
--- it from its host-memory cache into a slot it picks: counted on our oldest free one).
+-- ARGV: agent key, slots, mode, ttl_ms (a turn's deadline: a count left by a dead worker
+--       lapses then), idle_ms (the map's own expiry)
+-- mode 'first' or 'next' (a turn, the agent's first or not): pinned to the slot holding the
+-- agent's conversation when no turn of ours is on it; a first turn to a free slot holding
+-- nobody's; any other turn unpinned (llama.cpp restores it from its host-memory cache into a
+-- slot it picks: counted on our oldest free one).
+-- mode 'held' (a save, for a carry to another server): the idle slot holding the agent's
+-- conversation, else nothing. mode 'claim' (a restore): a free slot, one holding nobody's
+-- first, else the one used longest ago, else nothing.
 -- Returns {slot sent as id_slot or -1, slot counted busy or -1}.
 local map_key, agent, slots = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local first, ttl_ms, idle_ms = ARGV[3] == '1', tonumber(ARGV[4]), tonumber(ARGV[5])
+local mode, ttl_ms, idle_ms = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local first = mode == 'first'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local flat = redis.call('HGETALL', map_key)
@@ -32,7 +37,12 @@ for s = 0, slots - 1 do
   end
 end
 local send, slot = -1, -1
-if home ~= nil and busy(home) == 0 then
+if mode == 'held' then
+  if home ~= nil and busy(home) == 0 then send, slot = home, home end
+elseif mode == 'claim' then
+  local free = blank or oldest
+  if free ~= nil then send, slot = free, free end
+elseif home ~= nil and busy(home) == 0 then
   send, slot = home, home
 elseif home == nil and first and blank ~= nil then
   send, slot = blank, blank
