@@ -192,9 +192,7 @@ class SlotPicker:
         or expected. That slot now holds this agent's conversation."""
         if place.slot is not None:
             self.busy[place.slot] = max(0, self.busy[place.slot] - 1)
-        ran = place.send if place.send is not None else landed
-        if ran is None:
-            ran = place.slot
+        ran = place.ran_on(landed)
         if ran is None or not 0 <= ran < self.slots:
             return
         self.last_used[ran] = time.monotonic()

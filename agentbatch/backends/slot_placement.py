@@ -21,6 +21,13 @@ class Placement:
     send: int | None
     slot: int | None
 
+    def ran_on(self, landed: int | None) -> int | None:
+        """The slot the turn ran on: the one sent, else the one the server said it picked
+        (``landed``), else the one counted."""
+        if self.send is not None:
+            return self.send
+        return landed if landed is not None else self.slot
+
 
 class SlotPlacer(Protocol):
     """A ``SlotPicker`` kept where every process of a fleet shares it. Both calls are bounded

@@ -35,7 +35,7 @@ async def _alternating(url: str, redis_url: str) -> tuple[list[Any], list[ModelR
     workers = [LlamaCppBackend(url) for _ in range(2)]
     sent: list[Any] = []
     for backend, client in zip(workers, clients, strict=True):
-        backend.share_slots(FleetSlots(client, Scripts(client), backend.name, 2, 120_000))
+        backend.share_slots(FleetSlots(Scripts(client), backend.name, 2, 120_000))
         build = backend.build_body
 
         def recording(request: ModelRequest, build: Any = build) -> dict[str, Any]:

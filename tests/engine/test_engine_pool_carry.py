@@ -78,7 +78,7 @@ async def _move_between_workers(urls: list[str], redis_url: str
     for client in clients:
         backends = [LlamaCppBackend(u) for u in urls]
         for b in backends:
-            assert b.share_slots(FleetSlots(client, Scripts(client), b.name, 2, 120_000))
+            assert b.share_slots(FleetSlots(Scripts(client), b.name, 2, 120_000))
         pools.append(EndpointPool(list(backends), load_factor=1.0))
     try:
         first = await pools[0].complete(ModelRequest(

@@ -47,7 +47,7 @@ async def clients(redis_url: str) -> AsyncIterator[list[aioredis.Redis]]:
 
 
 def fleet(client: aioredis.Redis, slots: int = 2, ttl_ms: int = 60_000) -> FleetSlots:
-    return FleetSlots(client, Scripts(client), SERVER, slots, ttl_ms)
+    return FleetSlots(Scripts(client), SERVER, slots, ttl_ms)
 
 
 async def turn(slots: FleetSlots, agent: str, first: bool, ran: int | None = None

@@ -39,9 +39,7 @@ _WARN_EVERY_S = 60.0
 class FleetSlots:
     """``SlotPlacer`` for one llama-server (``endpoint``, its name) with ``slots`` slots."""
 
-    def __init__(self, redis: Any, scripts: Scripts, endpoint: str, slots: int,
-                 turn_ttl_ms: int) -> None:
-        self.redis = redis
+    def __init__(self, scripts: Scripts, endpoint: str, slots: int, turn_ttl_ms: int) -> None:
         self.scripts = scripts
         self.endpoint = endpoint
         self.key = slot_map_key(endpoint)
@@ -70,8 +68,7 @@ class FleetSlots:
         return Placement(send if send >= 0 else None, slot if slot >= 0 else None)
 
     async def release(self, place: Placement, agent_key: str, ran: int | None) -> None:
-        if ran is None or place.send is not None:
-            ran = place.send if place.send is not None else place.slot
+        ran = place.ran_on(ran)
         await self._call(self.scripts.slot_give, [
             agent_key, self.slots, -1 if place.slot is None else place.slot,
             -1 if ran is None else ran, IDLE_MS])
@@ -88,15 +85,12 @@ class FleetSlots:
             return None
 
 
-def share_fleet_slots(backend: Backend, plan: BatchPlan, redis: Any, scripts: Scripts) -> int:
+def share_fleet_slots(backend: Backend, plan: BatchPlan, scripts: Scripts) -> None:
     """Give each endpoint of ``backend`` that the plan names in ``pinned_slots`` the fleet's
-    map of its slots (``Backend.share_slots``); how many took it."""
-    shared = 0
+    map of its slots (``Backend.share_slots``)."""
+    # a count left by a dead worker lapses at the turn's deadline, a minute at least
+    ttl_ms = int(max(plan.timeout_per_turn or 0.0, 60.0) * 1000)
     for endpoint in endpoints(backend):
         slots = plan.pinned_slots.get(endpoint.name)
         if slots:
-            # a count left by a dead worker lapses at the turn's deadline, a minute at least
-            ttl_ms = int(max(plan.timeout_per_turn or 0.0, 60.0) * 1000)
-            shared += endpoint.share_slots(FleetSlots(redis, scripts, endpoint.name, slots,
-                                                      ttl_ms))
-    return shared
+            endpoint.share_slots(FleetSlots(scripts, endpoint.name, slots, ttl_ms))

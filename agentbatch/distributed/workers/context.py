@@ -134,7 +134,7 @@ class WorkerContext:
             # as in the embedded engine (``semaphore``); unknown if the server cannot say
             await learn_inflight_hint(loaded.runtime.backend)
             # turns pinned to llama.cpp slots alike on every worker (``slot_map.py``)
-            share_fleet_slots(loaded.runtime.backend, plan, self.redis, self.scripts)
+            share_fleet_slots(loaded.runtime.backend, plan, self.scripts)
         self._remember(batch_id, loaded)
         return loaded
 

@@ -13,9 +13,10 @@ if counted >= 0 then
   redis.call('HSET', map_key, 'b' .. counted, left)
 end
 if ran >= 0 and ran < slots then
-  for s = 0, slots - 1 do
-    if s ~= ran and redis.call('HGET', map_key, 'h' .. s) == agent then
-      redis.call('HDEL', map_key, 'h' .. s)
+  local flat = redis.call('HGETALL', map_key)
+  for j = 1, #flat, 2 do
+    if flat[j + 1] == agent and flat[j] ~= 'h' .. ran and string.sub(flat[j], 1, 1) == 'h' then
+      redis.call('HDEL', map_key, flat[j])
     end
   end
   redis.call('HSET', map_key, 'h' .. ran, agent, 'u' .. ran, now)
