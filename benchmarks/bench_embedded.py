@@ -62,6 +62,13 @@ def systems(agents: int) -> dict[str, System]:
                                dict(naive_gather.SETTINGS)),
         "batch_agent": System(batch_agent_peer.NAME, batch_agent_peer.LABEL,
                               batch_agent_peer.run, batch_agent_peer.settings(agents)),
+        # Variant: agentbatch without its prefix warm-up request. The simulator's latency is
+        # fixed per request (no prefill cost to save), so the warm-up's forward pass only
+        # adds to the critical path here; this variant is the client's own overhead.
+        "agentbatch_no_warmup": System(
+            "agentbatch_no_warmup", "agentbatch embedded, warm_prefix=False",
+            partial(agentbatch_runner.run, warm_prefix=False),
+            agentbatch_runner.settings(agents, warm_prefix=False)),
         # Variant: batch-agent without its KVFlow advisor (prefetch POSTs that 404 here).
         "batch_agent_nokvflow": System(
             "batch_agent_nokvflow", "batch-agent 0.2.0, kvflow=False",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -16,6 +17,7 @@ import math
 import re
 import sys
 import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, overload
@@ -346,9 +348,25 @@ def _code_version(fn: Callable[..., Any]) -> str:
         signature = str(inspect.signature(target))
     except (TypeError, ValueError):
         signature = "?"
-    try:
-        body = inspect.getsource(target)
-    except (OSError, TypeError):  # no source file (REPL, frozen): the bytecode stands in
-        code = getattr(target, "__code__", None)
-        body = repr((code.co_code, code.co_consts)) if code is not None else repr(target)
+    code = getattr(inspect.unwrap(target), "__code__", None)  # getsource unwraps too
+    body = _source_of(code, code.co_filename) if code is not None else _source(target)
     return hashlib.sha256(f"{signature}\n{body}".encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=256)
+def _source_of(code: types.CodeType, filename: str) -> str:
+    """A function's source, read once per code object: tools built by one factory share it.
+
+    (``filename`` is in the key because equal code objects may come from different files.)
+    """
+    return _source(code)
+
+
+def _source(target: Any) -> str:
+    try:
+        return inspect.getsource(target)
+    except (OSError, TypeError):  # no source file (REPL, frozen): the bytecode stands in
+        code = getattr(target, "__code__", target)
+        if isinstance(code, types.CodeType):
+            return repr((code.co_code, code.co_consts))
+        return repr(target)

@@ -9,6 +9,7 @@ no process-dependent content and titles (pure noise for the model) are stripped.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import re
@@ -108,7 +109,7 @@ def build_arg_spec(fn: Callable[..., Any], *, name: str,
         ) from None
     description, arg_docs = parse_docstring(_docstring(fn, target))
 
-    fields: dict[str, Any] = {}
+    fields: dict[str, tuple[Any, dict[str, Any]]] = {}
     params: list[tuple[str, str]] = []
     context_param: str | None = None
     extra: Literal["allow", "forbid"] = "forbid"
@@ -133,19 +134,68 @@ def build_arg_spec(fn: Callable[..., Any], *, name: str,
             info["default"] = param.default
         # Internal field names dodge BaseModel attribute clashes (``json``, ``model_*``, ``_x``).
         field_name = f"p{len(params)}"
-        fields[field_name] = (annotation, Field(**info))
+        fields[field_name] = (annotation, info)
         params.append((field_name, param.name))
 
-    config = ConfigDict(extra=extra, protected_namespaces=(), populate_by_name=False)
+    key = _fields_key(fields)
     try:
-        model = create_model(f"{_model_name(name)}Arguments", __config__=config, **fields)
-        schema = _strip_titles(model.model_json_schema(by_alias=True))
+        if key is None:  # an unhashable annotation or default: build it afresh
+            model, schema = _build_model(name, extra, fields)
+        else:
+            model, schema = _cached_model(name, extra, key)
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
         raise BatchSpecError(f"tool {name!r}: unsupported parameter type: {exc}") from None
+    return ArgSpec(model=model, params=tuple(params), context_param=context_param,
+                   description=description, schema=copy.deepcopy(schema))
+
+
+FieldsKey = tuple[tuple[str, Any, tuple[tuple[str, Any], ...]], ...]
+
+
+def _fields_key(fields: dict[str, tuple[Any, Any]]) -> FieldsKey | None:
+    """A hashable form of the model's fields, or None when one of them is not hashable.
+
+    Tools built from one factory (a closure per batch, ``read_file_tool(root)``) have equal
+    fields; building their pydantic model once saves about a millisecond per build. A
+    default's type is part of the key, since ``1 == True`` would otherwise share a model.
+    """
+    out = []
+    for field_name, (annotation, info) in fields.items():
+        items = tuple(sorted((k, v) for k, v in info.items() if k != "default"))
+        if "default" in info:
+            items += (("default", (type(info["default"]), info["default"])),)
+        out.append((field_name, annotation, items))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_model(name: str, extra: Literal["allow", "forbid"],
+                  key: FieldsKey) -> tuple[type[BaseModel], dict[str, Any]]:
+    fields = {}
+    for field_name, annotation, items in key:
+        info = dict(items)
+        if "default" in info:
+            info["default"] = info["default"][1]
+        fields[field_name] = (annotation, info)
+    return _build_model(name, extra, fields)
+
+
+def _build_model(name: str, extra: Literal["allow", "forbid"],
+                 fields: dict[str, tuple[Any, Any]]) -> tuple[type[BaseModel], dict[str, Any]]:
+    """The arguments' pydantic model and its JSON schema (titles and description dropped)."""
+    config = ConfigDict(extra=extra, protected_namespaces=(), populate_by_name=False)
+    definitions: dict[str, Any] = {k: (annotation, Field(**info))
+                                   for k, (annotation, info) in fields.items()}
+    model = create_model(f"{_model_name(name)}Arguments", __config__=config, **definitions)
+    schema = _strip_titles(model.model_json_schema(by_alias=True))
     schema.pop("description", None)  # the function description lives beside the schema
     schema.setdefault("properties", {})
-    return ArgSpec(model=model, params=tuple(params), context_param=context_param,
-                   description=description, schema=schema)
+    return model, schema
 
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:

@@ -225,3 +225,27 @@ async def test_in_process_executions_get_increasing_fencing_tokens_and_stay_lead
     assert 0 < first < second and held1 and held2
     assert LocalLease().fencing_token > second
     assert ctx().fencing_token == 0  # outside a pool: no execution, no token
+
+
+def test_decorated_functions_are_versioned_by_their_own_source() -> None:
+    """The source is read once per code object; a shared wrapper's code must not stand in
+    for the functions it wraps (``inspect.getsource`` follows ``__wrapped__``)."""
+    import functools
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @logged
+    def f(item: str) -> str:
+        return item
+
+    @logged
+    def g(item: str) -> str:
+        return item.upper()
+
+    assert f.__code__ is g.__code__  # the wrapper's
+    assert tool(name="f")(f).identity.split("@")[1] != tool(name="f")(g).identity.split("@")[1]

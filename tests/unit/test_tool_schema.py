@@ -313,3 +313,62 @@ def test_nested_tool_with_local_model_under_future_annotations() -> None:
 
     assert uses_local.parameters["properties"]["item"] == {"$ref": "#/$defs/Local"}
     assert validate_arguments(uses_local, {"item": {"v": "2"}}) == {"item": Local(v=2)}
+
+
+# -- tools built by one factory share the argument model, never its mutable parts ------------
+
+
+def _factory(default: Any) -> Any:
+    def lookup(key: str, limit: int = default) -> str:
+        """Look a key up.
+
+        Args:
+            key: what to look up.
+        """
+        return key
+
+    return lookup
+
+
+def test_tools_from_one_factory_share_the_model_and_own_their_schema() -> None:
+    a, b = Tool(name="lookup", fn=_factory(3)), Tool(name="lookup", fn=_factory(3))
+    assert a.spec.model is b.spec.model  # built once
+    assert a.spec.schema == b.spec.schema and a.spec.schema is not b.spec.schema
+    a.parameters["properties"]["key"]["description"] = "changed"
+    a.spec.schema["properties"].clear()
+    assert b.parameters["properties"]["key"]["description"] == "what to look up."
+    assert Tool(name="lookup", fn=_factory(3)).spec.schema["properties"]  # the cache unharmed
+    assert validate_arguments(b, {"key": "k"}) == {"key": "k", "limit": 3}
+
+
+@pytest.mark.parametrize(("first", "second"), [(3, 4), (1, True)])
+def test_a_different_default_is_a_different_model(first: Any, second: Any) -> None:
+    a, b = Tool(name="lookup", fn=_factory(first)), Tool(name="lookup", fn=_factory(second))
+    assert a.spec.model is not b.spec.model
+    assert validate_arguments(a, {"key": "k"})["limit"] is first
+    assert validate_arguments(b, {"key": "k"})["limit"] is second
+
+
+def test_an_unhashable_default_is_built_afresh() -> None:
+    def make(default: list[int]) -> Any:
+        def pick(items: list[int] = default) -> int:
+            return len(items)
+
+        return pick
+
+    a, b = Tool(name="pick", fn=make([1])), Tool(name="pick", fn=make([1, 2]))
+    assert a.spec.model is not b.spec.model
+    assert validate_arguments(b, {}) == {"items": [1, 2]}
+
+
+def test_same_name_other_signature_is_another_model() -> None:
+    def first(key: str) -> str:
+        return key
+
+    def second(key: int) -> int:
+        return key
+
+    a, b = Tool(name="same", fn=first), Tool(name="same", fn=second)
+    assert a.spec.model is not b.spec.model
+    with pytest.raises(ArgumentsInvalid):
+        validate_arguments(b, {"key": "not a number"})
