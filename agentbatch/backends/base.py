@@ -93,13 +93,15 @@ class Backend(ABC):
         (``setup.learn_inflight_hint``). Default: nothing to learn."""
         return None
 
-    async def save_conversation(self, agent_key: str, name: str) -> bool:
+    async def save_conversation(self, agent_key: str) -> str | None:
         """Called by an endpoint pool as a turn of ``agent_key`` moves off this endpoint for
         load (``pool.EndpointPool``): write the agent's conversation, as this server holds it,
-        under ``name`` where the pool's other servers can read it (llama.cpp: a slot file).
-        False: nothing written (not supported, not held here, or refused). Default: not
+        where the pool's other servers can read it (llama.cpp: a slot file), and return the
+        name it was written under, for ``restore_conversation``. The name is the driver's to
+        choose: one no other save in flight can take (llama.cpp: this server's slot). None:
+        nothing written (not supported, not held here, or refused). Default: not
         supported."""
-        return False
+        return None
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         """Called by an endpoint pool after another endpoint's ``save_conversation``: load
@@ -218,8 +220,8 @@ class BackendWrapper(Backend):
     async def learn_inflight_hint(self) -> None:
         await self._inner.learn_inflight_hint()
 
-    async def save_conversation(self, agent_key: str, name: str) -> bool:
-        return await self._inner.save_conversation(agent_key, name)
+    async def save_conversation(self, agent_key: str) -> str | None:
+        return await self._inner.save_conversation(agent_key)
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         return await self._inner.restore_conversation(agent_key, name)

@@ -273,6 +273,15 @@ def slot_for(agent_key: str, slots: int) -> int:
     return zlib.crc32(agent_key.encode()) % slots
 
 
+def carry_file(endpoint: str, slot: int) -> str:
+    """The file slot ``slot`` of ``endpoint`` is saved to when a turn of the agent it holds
+    moves (``save_conversation``): one per server slot, overwritten by that slot's next
+    save. A slot holds one agent at a time, fleet-wide where the fleet's map pins, so no
+    two carries in flight share a file, and a save directory holds at most one file per slot
+    of the servers that use it."""
+    return f"agentbatch-carry-{zlib.crc32(endpoint.encode()):08x}-{slot}.bin"
+
+
 class LlamaCppBackend(OpenAICompatBackend):
     """``Backend`` for ``llama-server``; see the module docstring for what it adds."""
 
@@ -573,22 +582,24 @@ class LlamaCppBackend(OpenAICompatBackend):
 
     # -- a moved agent's conversation, carried between servers (``EndpointPool``) ----------
 
-    async def save_conversation(self, agent_key: str, name: str) -> bool:
-        """Save the slot holding the agent's conversation to ``name`` in the server's
-        ``--slot-save-path`` (``POST /slots/{id}?action=save``). Only where turns are pinned
-        (``SlotPicker``, or on a distributed worker the fleet's map: they know which slot
-        holds whom) and the slot is idle. A server started without the path says so once
-        (501); it is not asked again."""
+    async def save_conversation(self, agent_key: str) -> str | None:
+        """Save the slot holding the agent's conversation in the server's
+        ``--slot-save-path`` (``POST /slots/{id}?action=save``), under the slot's own file
+        name (``carry_file``). Only where turns are pinned (``SlotPicker``, or on a
+        distributed worker the fleet's map: they know which slot holds whom) and the slot is
+        idle. A server started without the path says so once (501); it is not asked
+        again."""
         if not self._carries():
-            return False
+            return None
         place = await self._slot_held(agent_key)
         if place is None:
-            return False
+            return None
+        name = carry_file(self.name, place.slot) if place.slot is not None else None
         try:
-            reply = await self._slot_action(place.slot, "save", name)
+            reply = await self._slot_action(place.slot, "save", name) if name else None
         finally:
             await self._slot_back(place, agent_key)
-        return bool(reply and reply.get("n_saved"))
+        return name if reply and reply.get("n_saved") else None
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         """Restore ``name`` (another server's ``save_conversation``) into a free slot, which

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,13 +87,6 @@ def check_pool_options(routing: Any, load_factor: Any, backend: Any) -> None:
             'pool_load_factor cannot apply with pool_routing="least_outstanding": the bound '
             "is when a turn leaves its agent's home endpoint, and least_outstanding routing "
             "has no home")
-
-
-def carry_file(endpoint: str) -> str:
-    """The file a conversation carried to ``endpoint`` goes through: one per endpoint name,
-    overwritten by the next carry, so a server's save directory never holds more than one
-    per endpoint of the pools that use it."""
-    return f"agentbatch-carry-{zlib.crc32(endpoint.encode()):08x}.bin"
 
 
 def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
@@ -173,7 +165,6 @@ class EndpointPool(Backend):
         self._moves: Counter[str] = Counter()
         self._carries: Counter[str] = Counter()
         self._no_carry: set[tuple[str, str]] = set()  # (home, target) that share no files
-        self._carry_locks: dict[str, asyncio.Lock] = {}
         self._move_listeners: list[MoveListener] = []
         self._turn = 0
         self._closed = False
@@ -288,22 +279,20 @@ class EndpointPool(Backend):
         """Before a turn moved for load is sent: its agent's conversation saved on the home
         (``save_conversation``) and restored on ``target`` (``restore_conversation``), so
         the turn does not compute it again (llama.cpp: servers sharing a
-        ``--slot-save-path``; docs/backends.md). One file per target endpoint, overwritten
-        (``carry_file``), carries to one target one at a time; bounded by
-        ``CARRY_TIMEOUT_S``. A pair whose restore fails after a save (no shared directory)
-        is not tried again; a home that saves nothing costs a call and no I/O."""
+        ``--slot-save-path``; docs/backends.md). The home names the file (llama.cpp: one
+        per slot of it, so no carry in flight, from any process, takes another's); bounded
+        by ``CARRY_TIMEOUT_S``. A pair whose restore fails after a save (no shared
+        directory) is not tried again; a home that saves nothing costs a call and no I/O."""
         pair = (home.name, target.name)
         if pair in self._no_carry:
             return
-        lock = self._carry_locks.setdefault(target.name, asyncio.Lock())
         saved = restored = False
 
         async def carry() -> None:
             nonlocal saved, restored
-            async with lock:
-                name = carry_file(target.name)
-                saved = await home.backend.save_conversation(key, name)
-                restored = saved and await target.backend.restore_conversation(key, name)
+            name = await home.backend.save_conversation(key)
+            saved = name is not None
+            restored = name is not None and await target.backend.restore_conversation(key, name)
 
         try:
             await wait_for(carry(), CARRY_TIMEOUT_S)

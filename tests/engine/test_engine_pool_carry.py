@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from agentbatch.backends.llamacpp import LlamaCppBackend
-from agentbatch.backends.pool import EndpointPool, carry_file
+from agentbatch.backends.llamacpp import LlamaCppBackend, carry_file
+from agentbatch.backends.pool import EndpointPool
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 from agentbatch.distributed.state.scripts import Scripts
 from agentbatch.distributed.state.slot_map import FleetSlots
@@ -137,8 +137,8 @@ def test_a_moved_turn_finds_its_conversation_restored_where_it_went(
     assert second.endpoint not in (None, home)
     assert pool.moves() == {"load": 1, "failover": 0}
     assert pool.carries() == {"carried": 1, "not_carried": 0}
-    # one file, named for the endpoint the turn went to: overwritten by the next carry there
-    assert [p.name for p in tmp_path.iterdir()] == [carry_file(second.endpoint or "")]
+    # one file, named for the home slot the conversation was saved from
+    assert [p.name for p in tmp_path.iterdir()] in ([carry_file(home, 0)], [carry_file(home, 1)])
     # the server found the whole first turn cached: it computed the new message only
     assert second.usage.cached_tokens >= first.usage.prompt_tokens - 8, (first.usage,
                                                                         second.usage)
@@ -160,3 +160,58 @@ def test_servers_that_share_no_save_directory_carry_nothing(
     computed = second.usage.prompt_tokens - second.usage.cached_tokens
     assert computed >= first.usage.prompt_tokens - first.usage.cached_tokens, (first.usage,
                                                                                second.usage)
+
+
+async def _crossed_carries(urls: list[str], redis_url: str) -> tuple[ModelResponse,
+                                                                      ModelResponse]:
+    """Two workers' pools each move an agent off server A to server B at about the same
+    time: both conversations are saved before either is restored (the order two
+    processes can take; set here, not left to timing). Agent 0's first turn and its moved
+    second turn."""
+    clients = [aioredis.from_url(redis_url) for _ in range(2)]
+    workers = []
+    for client in clients:
+        drivers = [LlamaCppBackend(u) for u in urls]
+        for d in drivers:
+            assert d.share_slots(FleetSlots(Scripts(client), d.name, 2, 120_000))
+        workers.append(drivers)
+    keys = ["carry:0", "carry:1"]
+
+    def conversation(key: str, turn: int) -> list[dict[str, Any]]:
+        return [{**m, "content": m["content"].replace(AGENT, key)} for m in _messages(turn)]
+
+    try:
+        firsts = [await w[0].complete(ModelRequest(
+            model=MODEL, max_tokens=1, temperature=0.0, agent_key=k,
+            messages=conversation(k, 1))) for w, k in zip(workers, keys, strict=True)]
+        names = [await w[0].save_conversation(k) for w, k in zip(workers, keys, strict=True)]
+        assert None not in names and names[0] != names[1], names  # one file per home slot
+        assert await workers[0][1].restore_conversation(keys[0], names[0] or "")
+        second = await workers[0][1].complete(ModelRequest(
+            model=MODEL, max_tokens=1, temperature=0.0, agent_key=keys[0],
+            messages=conversation(keys[0], 2)))
+        return firsts[0], second
+    finally:
+        for w in workers:
+            for d in w:
+                await d.aclose()
+        for client in clients:
+            await client.aclose()
+
+
+@pytest.mark.redis
+def test_two_workers_carrying_to_one_server_at_once_each_restore_their_own(
+        engine_paths: EnginePaths, tmp_path: Path, redis_url: str) -> None:
+    servers = [LlamaServer(engine_paths, parallel=2, threads=1,
+                           extra_args=("--slot-save-path", str(tmp_path))) for _ in range(2)]
+    try:
+        for s in servers:
+            s.start()
+        first, second = asyncio.run(_crossed_carries([s.llamacpp_url for s in servers],
+                                                     redis_url))
+    finally:
+        for s in servers:
+            s.stop()
+    # the moved turn found its own first turn cached, not the other agent's conversation
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens - 8, (first.usage,
+                                                                        second.usage)

@@ -81,10 +81,10 @@ class RecordingBackend(VLLMBackend):
         await super().learn_inflight_hint()
         self._learned = True
 
-    async def save_conversation(self, agent_key: str, name: str) -> bool:
+    async def save_conversation(self, agent_key: str) -> str | None:
         record("save_conversation")
-        await super().save_conversation(agent_key, name)
-        return True  # as if saved, so that a pool goes on to ``restore_conversation``
+        await super().save_conversation(agent_key)
+        return "saved"  # as if saved, so that a pool goes on to ``restore_conversation``
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         record("restore_conversation")

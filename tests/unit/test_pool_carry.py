@@ -12,7 +12,8 @@ import contextlib
 
 import pytest
 
-from agentbatch.backends.pool import EndpointPool, carry_file
+from agentbatch.backends.llamacpp import carry_file
+from agentbatch.backends.pool import EndpointPool
 from agentbatch.core.errors import BackendUnavailable
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 from tests.support.fake_backend import ScriptedBackend
@@ -32,9 +33,10 @@ class Carrying(ScriptedBackend):
         self.restored: list[tuple[str, str]] = []
         self.restored_before: list[int] = []  # turns this endpoint had when each restore came
 
-    async def save_conversation(self, agent_key: str, name: str) -> bool:
+    async def save_conversation(self, agent_key: str) -> str | None:
+        name = f"{self.name}-{len(self.saved)}"  # a name per save, as a slot's would be
         self.saved.append((agent_key, name))
-        return self.saves
+        return name if self.saves else None
 
     async def restore_conversation(self, agent_key: str, name: str) -> bool:
         self.restored.append((agent_key, name))
@@ -61,8 +63,7 @@ async def test_a_load_move_saves_on_the_home_and_restores_where_the_turn_goes_fi
     replies = await _four_homed_on_a(pool, hold)
     moved = _homed_on(0, 4)[2:]
     assert [r.endpoint for r in replies] == ["a", "a", "b", "b"]
-    name = carry_file("b")
-    assert a.saved == [(k, name) for k in moved] and b.restored == [(k, name) for k in moved]
+    assert [k for k, _ in a.saved] == moved and b.restored == a.saved  # what "a" named
     assert b.saved == [] and a.restored == []
     # each restore came before the moved turn reached "b"
     assert b.restored_before == [0, 1]
@@ -70,10 +71,37 @@ async def test_a_load_move_saves_on_the_home_and_restores_where_the_turn_goes_fi
     assert pool.moves() == {"load": 2, "failover": 0}
 
 
-async def test_one_file_per_target_endpoint_whoever_moves() -> None:
-    assert carry_file("llamacpp://h:1") == carry_file("llamacpp://h:1")
-    assert carry_file("llamacpp://h:1") != carry_file("llamacpp://h:2")
-    assert carry_file("x").startswith("agentbatch-carry-") and "/" not in carry_file("x/../y")
+async def test_one_file_per_server_slot_whoever_saves() -> None:
+    assert carry_file("llamacpp://h:1", 0) == carry_file("llamacpp://h:1", 0)
+    assert carry_file("llamacpp://h:1", 0) != carry_file("llamacpp://h:2", 0)
+    assert carry_file("llamacpp://h:1", 0) != carry_file("llamacpp://h:1", 1)
+    name = carry_file("x/../y", 3)
+    assert name.startswith("agentbatch-carry-") and "/" not in name
+
+
+async def test_carries_to_one_target_run_at_once_each_with_its_own_file() -> None:
+    # two moves in flight to "b" together: neither waits for the other, and each restore
+    # reads the file its own save wrote
+    hold, a, b = _pair()
+    both_saving = asyncio.Barrier(2)
+
+    async def save(agent_key: str) -> str | None:
+        await asyncio.wait_for(both_saving.wait(), 5)  # times out if carries ran one by one
+        return await Carrying.save_conversation(a, agent_key)
+
+    a.save_conversation = save  # type: ignore[method-assign]
+    pool = EndpointPool([a, b], load_factor=1.0)
+    keys = _homed_on(0, 4)
+    held = await _route_held(pool, keys[:2], cached_on="a")  # "a" at the bound: both move
+    moved = [asyncio.create_task(pool.complete(ModelRequest(
+        model="m", messages=[{"role": "user", "content": k}], agent_key=k, cached_on="a")))
+        for k in keys[2:]]
+    hold.set()
+    replies = await asyncio.wait_for(asyncio.gather(*held, *moved), 30)
+    await pool.aclose()
+    assert [r.endpoint for r in replies] == ["a", "a", "b", "b"]  # type: ignore[attr-defined]
+    assert len({name for _, name in a.saved}) == 2 and sorted(b.restored) == sorted(a.saved)
+    assert pool.carries() == {"carried": 2, "not_carried": 0}
 
 
 async def test_a_pair_that_cannot_restore_what_was_saved_is_not_tried_again() -> None:
@@ -127,9 +155,9 @@ async def test_a_carry_that_hangs_is_given_up_and_the_turn_goes_on(
     hold, a, b = _pair()
     never = asyncio.Event()
 
-    async def stuck(agent_key: str, name: str) -> bool:
+    async def stuck(agent_key: str) -> str | None:
         await never.wait()
-        return True
+        return "never"
 
     a.save_conversation = stuck  # type: ignore[method-assign]
     pool = EndpointPool([a, b], load_factor=1.0)
