@@ -1,5 +1,7 @@
 """The distributed engine on this machine: wall, CPU and Redis commands per turn, vs the
-Celery floor (the same task graph of no-op tasks) in the same run.
+Celery floor (the same task graph of no-op tasks) in the same run, that floor with each task
+sleeping as long as the real one waits, and that floor with its model turns real HTTP calls
+to the simulator (a Celery app that only calls the model, keeping no agent state).
 
     python -m benchmarks.bench_distributed --agents 1000 \\
         --json benchmarks/results/distributed_1000.json
@@ -152,7 +154,8 @@ def run_agentbatch(server: RedisServer, backend: str, agents: int, n_inf: int, n
 
 
 def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
-              concurrency: int, waits: tuple[float, ...] = ()) -> dict[str, Any]:
+              concurrency: int, waits: tuple[float, ...] = (),
+              model_url: str | None = None) -> dict[str, Any]:
     from agentbatch.distributed.workers.dispatch import publish
     from benchmarks.celery_floor import DONE_KEY, app, step_message
 
@@ -167,7 +170,7 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
         redis_before = cpu_seconds(server.proc.pid)
         me_before = time.process_time()
         started = time.perf_counter()
-        publish(app, [step_message(a, steps, waits) for a in range(agents)])
+        publish(app, [step_message(a, steps, waits, model_url) for a in range(agents)])
         deadline = time.monotonic() + max(600.0, agents * steps * 0.02)
         checked = 0.0
         while int(r.get(DONE_KEY) or 0) < agents:
@@ -196,7 +199,9 @@ def run_floor(server: RedisServer, agents: int, n_inf: int, n_tools: int,
     tasks = agents * steps
     # The same measures as ``run_agentbatch``: what Celery alone costs per task on this
     # machine, the part of each per-task target that agentbatch cannot remove.
-    return {"agents": agents, "tasks": tasks, "waits_s": list(waits), "wall_s": round(wall, 3),
+    return {"agents": agents, "tasks": tasks, "waits_s": list(waits),
+            "model_calls": "chat completions from the simulator" if model_url else None,
+            "wall_s": round(wall, 3),
             "cpu_s": {"workers": round(worker_cpu, 2), "redis": round(redis_cpu, 2),
                       "submitter": round(client_cpu, 2)},
             "cpu_ms_per_task_all_processes": round((worker_cpu + redis_cpu + client_cpu)
@@ -299,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                                     workload_waits(args.fixed_ms / 1000, args.tool_s))
         except (RuntimeError, TimeoutError) as exc:
             floor_waits = {"agents": args.agents, "error": str(exc)}
+        try:  # the same, its model turns real HTTP calls to the simulator instead of sleeps
+            floor_calls = run_floor(server, args.agents, args.inference_workers,
+                                    args.tool_workers, args.concurrency,
+                                    workload_waits(args.fixed_ms / 1000, args.tool_s),
+                                    model_url=sim.url)
+        except (RuntimeError, TimeoutError) as exc:
+            floor_calls = {"agents": args.agents, "error": str(exc)}
     finally:
         sim.stop()
         server.cleanup()
@@ -314,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "agentbatch": ours,
         "celery_floor": floor,
         "celery_floor_with_waits": floor_waits,
+        "celery_floor_with_model_calls": floor_calls,
         "redis_round_trips": monitor,
         "ratios": {
             "wall_vs_celery_floor": (round(ours["wall_s"] / floor["wall_s"], 3)
@@ -321,6 +334,15 @@ def main(argv: list[str] | None = None) -> int:
             "wall_vs_celery_floor_with_waits": (
                 round(ours["wall_s"] / floor_waits["wall_s"], 3)
                 if "wall_s" in floor_waits else None),
+            # Against a Celery app making the same model calls and keeping no agent state:
+            # what of the gap to the floor with waits is the HTTP call itself.
+            "wall_vs_celery_floor_with_model_calls": (
+                round(ours["wall_s"] / floor_calls["wall_s"], 3)
+                if "wall_s" in floor_calls else None),
+            "cpu_per_task_vs_celery_floor_with_model_calls": (
+                round(ours["cpu_ms_per_task_all_processes"]
+                      / floor_calls["cpu_ms_per_task_all_processes"], 3)
+                if floor_calls.get("cpu_ms_per_task_all_processes") else None),
             "wall_vs_critical_path": round(ours["wall_s"] / critical, 3),
             "cpu_per_task_vs_celery_floor": (
                 round(ours["cpu_ms_per_task_all_processes"]
@@ -334,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json(Path(args.json), report)
     print({k: report[k] for k in ("agentbatch", "celery_floor", "ratios")})
-    return 1 if "error" in floor or "error" in floor_waits else 0
+    return 1 if any("error" in f for f in (floor, floor_waits, floor_calls)) else 0
 
 
 if __name__ == "__main__":

@@ -185,6 +185,11 @@ def render_distributed(data: dict[str, Any]) -> str:
         rows.append(floor_row("Celery floor, same task graph, each task sleeping as long as "
                               "the real turn or tool waits", waits,
                               "wall_vs_celery_floor_with_waits"))
+    calls = data.get("celery_floor_with_model_calls")
+    if calls is not None:  # older files had no floor making the model calls
+        rows.append(floor_row("Celery floor, same task graph, model turns real HTTP calls to "
+                              "the simulator (no agent state), tool tasks sleeping", calls,
+                              "wall_vs_celery_floor_with_model_calls"))
     rows.append(floor_row("Celery floor, same task graph, no-op tasks", floor,
                           "wall_vs_celery_floor"))
     tbl = table(["run", "tasks", "ok", "wall s", "agentbatch wall / this", "wall / critical path",
