@@ -54,6 +54,18 @@ async def _learn_context(backend: Backend, plan: BatchPlan) -> None:
             await backend.context_length()
 
 
+async def _warm_and_learn_context(backend: Backend, plan: BatchPlan) -> None:
+    """The warm-up and the context ask at once: both stand before the fan-out, and neither
+    needs the other's answer. A failed warm-up (the server unreachable) is raised as is."""
+    learning = asyncio.create_task(_learn_context(backend, plan))
+    try:
+        await warm_backend(backend, plan)
+    except BaseException:
+        learning.cancel()
+        raise
+    await learning
+
+
 class EmbeddedHandle(BatchHandle):
     def __init__(self, compiled: CompiledBatch, opts: BatchOptions) -> None:
         self.compiled = compiled
@@ -90,8 +102,7 @@ class EmbeddedHandle(BatchHandle):
             provider = await self._provider_batches(backend)
             # all-batch turns do not go through the sync API whose prefix cache it warms
             if plan.warm_prefix and self.total > 1 and self.opts.pricing != "batch":
-                await _learn_context(backend, plan)
-                await warm_backend(backend, plan)
+                await _warm_and_learn_context(backend, plan)
         except BaseException:
             if provider is not None:
                 await provider.aclose()
