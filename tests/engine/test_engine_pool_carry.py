@@ -67,19 +67,28 @@ async def _move(urls: list[str]) -> tuple[ModelResponse, ModelResponse, str, End
         await pool.aclose()
 
 
+def _two_workers(urls: list[str], redis_url: str
+                 ) -> tuple[list[aioredis.Redis], list[list[LlamaCppBackend]]]:
+    """Two workers' drivers for ``urls``, each worker on its own Redis client, every driver
+    pinning through the fleet's slot map (``FleetSlots``, what ``share_fleet_slots`` hands a
+    worker)."""
+    clients = [aioredis.from_url(redis_url) for _ in range(2)]
+    workers = []
+    for client in clients:
+        drivers = [LlamaCppBackend(u) for u in urls]
+        for d in drivers:
+            assert d.share_slots(FleetSlots(Scripts(client), d.name, 2, 120_000))
+        workers.append(drivers)
+    return clients, workers
+
+
 async def _move_between_workers(urls: list[str], redis_url: str
                                 ) -> tuple[ModelResponse, ModelResponse, str, EndpointPool]:
     """``_move`` on the distributed engine: turn 1 on one worker's pool, turn 2 on another
-    worker's, each driver pinning through the fleet's slot map (``FleetSlots``, what
-    ``share_fleet_slots`` hands a worker), so the second worker saves from the slot the
-    first one's turn ran on."""
-    clients = [aioredis.from_url(redis_url) for _ in range(2)]
-    pools = []
-    for client in clients:
-        backends = [LlamaCppBackend(u) for u in urls]
-        for b in backends:
-            assert b.share_slots(FleetSlots(Scripts(client), b.name, 2, 120_000))
-        pools.append(EndpointPool(list(backends), load_factor=1.0))
+    worker's (``_two_workers``), so the second worker saves from the slot the first one's
+    turn ran on."""
+    clients, workers = _two_workers(urls, redis_url)
+    pools = [EndpointPool(list(drivers), load_factor=1.0) for drivers in workers]
     try:
         first = await pools[0].complete(ModelRequest(
             model=MODEL, max_tokens=1, temperature=0.0, agent_key=AGENT,
@@ -168,13 +177,7 @@ async def _crossed_carries(urls: list[str], redis_url: str) -> tuple[ModelRespon
     time: both conversations are saved before either is restored (the order two
     processes can take; set here, not left to timing). Agent 0's first turn and its moved
     second turn."""
-    clients = [aioredis.from_url(redis_url) for _ in range(2)]
-    workers = []
-    for client in clients:
-        drivers = [LlamaCppBackend(u) for u in urls]
-        for d in drivers:
-            assert d.share_slots(FleetSlots(Scripts(client), d.name, 2, 120_000))
-        workers.append(drivers)
+    clients, workers = _two_workers(urls, redis_url)
     keys = ["carry:0", "carry:1"]
 
     def conversation(key: str, turn: int) -> list[dict[str, Any]]:
