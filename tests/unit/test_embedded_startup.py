@@ -13,6 +13,7 @@ from agentbatch.backends.base import BackendCapabilities
 from agentbatch.core.errors import BackendUnavailable
 from agentbatch.core.model_io import ModelRequest
 from agentbatch.core.options import BatchOptions
+from agentbatch.core.wait_for import wait_for
 from agentbatch.embedded.handle import _warm_and_learn_context
 from agentbatch.turnloop.compile import compile_batch
 from tests.support.fake_backend import ScriptedBackend
@@ -31,8 +32,7 @@ class Starting(ScriptedBackend):
     async def context_length(self) -> int | None:
         self.asked.set()
         try:
-            async with asyncio.timeout(2):  # (3.11's wait_for can lose a cancellation)
-                await self.warming.wait()
+            await wait_for(self.warming.wait(), 2)  # (asyncio's can lose a cancel before 3.12)
             self.overlapped = True
             if self.warm_fails:
                 await asyncio.sleep(30)  # still asking when the warm-up fails
@@ -44,8 +44,7 @@ class Starting(ScriptedBackend):
     async def warm(self, request: ModelRequest) -> None:
         await super().warm(request)
         self.warming.set()
-        async with asyncio.timeout(2):
-            await self.asked.wait()
+        await wait_for(self.asked.wait(), 2)
         if self.warm_fails:
             raise BackendUnavailable("connection refused")
 

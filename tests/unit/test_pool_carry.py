@@ -57,6 +57,18 @@ async def _four_homed_on_a(pool: EndpointPool, hold: asyncio.Event) -> list[Mode
     return list(await asyncio.wait_for(asyncio.gather(*tasks), 30))  # type: ignore[arg-type]
 
 
+async def _two_held_two_moving(pool: EndpointPool
+                                ) -> tuple[list[asyncio.Task[object]], list[asyncio.Task[object]]]:
+    """Two held turns of agents homed on "a" in flight (it is then at the bound), and two more
+    sent without waiting for their routing: both move, each carry starting as it may."""
+    keys = _homed_on(0, 4)
+    held = await _route_held(pool, keys[:2], cached_on="a")
+    moved: list[asyncio.Task[object]] = [asyncio.create_task(pool.complete(ModelRequest(
+        model="m", messages=[{"role": "user", "content": k}], agent_key=k, cached_on="a")))
+        for k in keys[2:]]
+    return held, moved
+
+
 async def test_a_load_move_saves_on_the_home_and_restores_where_the_turn_goes_first() -> None:
     hold, a, b = _pair()
     pool = EndpointPool([a, b], load_factor=1.0)
@@ -83,19 +95,19 @@ async def test_carries_to_one_target_run_at_once_each_with_its_own_file() -> Non
     # two moves in flight to "b" together: neither waits for the other, and each restore
     # reads the file its own save wrote
     hold, a, b = _pair()
-    both_saving = asyncio.Barrier(2)
+    saving: list[str] = []
+    both_saving = asyncio.Event()
 
     async def save(agent_key: str) -> str | None:
+        saving.append(agent_key)
+        if len(saving) == 2:
+            both_saving.set()
         await asyncio.wait_for(both_saving.wait(), 5)  # times out if carries ran one by one
         return await Carrying.save_conversation(a, agent_key)
 
     a.save_conversation = save  # type: ignore[method-assign]
     pool = EndpointPool([a, b], load_factor=1.0)
-    keys = _homed_on(0, 4)
-    held = await _route_held(pool, keys[:2], cached_on="a")  # "a" at the bound: both move
-    moved = [asyncio.create_task(pool.complete(ModelRequest(
-        model="m", messages=[{"role": "user", "content": k}], agent_key=k, cached_on="a")))
-        for k in keys[2:]]
+    held, moved = await _two_held_two_moving(pool)
     hold.set()
     replies = await asyncio.wait_for(asyncio.gather(*held, *moved), 30)
     await pool.aclose()
@@ -161,11 +173,7 @@ async def test_a_carry_that_hangs_is_given_up_and_the_turn_goes_on(
 
     a.save_conversation = stuck  # type: ignore[method-assign]
     pool = EndpointPool([a, b], load_factor=1.0)
-    keys = _homed_on(0, 4)
-    held = await _route_held(pool, keys[:2], cached_on="a")
-    moved = [asyncio.create_task(pool.complete(ModelRequest(
-        model="m", messages=[{"role": "user", "content": k}], agent_key=k, cached_on="a")))
-        for k in keys[2:]]
+    held, moved = await _two_held_two_moving(pool)
     while pool.moves()["load"] < 2:  # both routed off "a" (the carries then hang)
         await asyncio.sleep(0)
     hold.set()
