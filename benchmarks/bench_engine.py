@@ -111,6 +111,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -874,7 +875,7 @@ async def amain(args: argparse.Namespace,
         with contextlib.ExitStack() as stack, LlamaServer(
                 parallel=args.parallel, threads=args.threads,
                 slot_selection=not args.server_defaults, **first,
-                extra_args=("-c", "0") if args.server_defaults else ()) as server:
+                extra_args=_server_args(args)) as server:
             for extra in pool:  # ``--pool N``: N-1 more servers, ``server`` is the first
                 stack.enter_context(extra)
             ctx: dict[str, Any] = {"http_url": server.http_url, "llamacpp_url": server.llamacpp_url,
@@ -936,7 +937,14 @@ def _pool_servers(args: argparse.Namespace, server_cls: Any) -> list[Any]:
     cpus = _pool_cpus(args)
     return [server_cls(parallel=args.parallel, threads=args.threads,
                        slot_selection=not args.server_defaults, cpus=(cpus[i],),
-                       ctx_per_slot=args.ctx_per_slot) for i in range(1, args.pool)]
+                       ctx_per_slot=args.ctx_per_slot, extra_args=_server_args(args))
+            for i in range(1, args.pool)]
+
+
+def _server_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """Flags added to every llama-server's command: ``--server-defaults``' ``-c 0`` (given
+    after LlamaServer's ``-c``, so it wins), then ``--server-args`` as written."""
+    return (("-c", "0") if args.server_defaults else ()) + tuple(shlex.split(args.server_args))
 
 
 def _pool_cpus(args: argparse.Namespace) -> list[int]:
@@ -1012,6 +1020,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-defaults", action="store_true",
                    help="start llama-server with its own slot selection (by prompt "
                         "similarity), not agentbatch's --slot-prompt-similarity 0")
+    p.add_argument("--server-args", default="",
+                   help='more llama-server flags, for every server (e.g. "--cache-ram 0")')
     p.add_argument("--server-cpus", default="", help="pin llama-server to these CPUs (0,1)")
     p.add_argument("--client-cpus", default="", help="pin this process to these CPUs")
     p.add_argument("--pool", type=int, default=0,
@@ -1056,6 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
                          "agentbatch_tools_max_tool_calls_per_turn": MAX_CALLS_B,
                          "agentbatch_llamacpp_compact_json": True,
                          "server_defaults": args.server_defaults,
+                         "server_args": args.server_args or None,
                          "server_cpus": args.server_cpus or None,
                          "client_cpus": args.client_cpus or None,
                          "loadavg_at_start": load_at_start,

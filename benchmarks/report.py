@@ -573,7 +573,9 @@ def render_engine_pool(data: dict[str, Any]) -> str:
     parts = [f"### A pool of {pool.get('servers')} llama-servers (SmolLM2-135M Q4_1, "
              f"`-t {pool.get('threads_per_server')}` each on its own CPU "
              f"{pool.get('server_cpus')}, {pool.get('parallel_slots_per_server')} slots each, "
-             f"max_tokens {s.get('max_tokens')}, temperature 0)", "", _machine_line(data), "",
+             f"max_tokens {s.get('max_tokens')}, temperature 0"
+             + (f", every server also given `{s['server_args']}`" if s.get("server_args") else "")
+             + ")", "", _machine_line(data), "",
              f"`{data.get('command', '')}` (total {fmt(data.get('total_s'), 0)} s; load "
              f"averages at start {load0}, at end {load1})", ""]
     if data.get("complete") is False:

@@ -263,3 +263,17 @@ def test_slot_carry_renders_a_row_per_size_with_the_ratio():
     text = render_file({"benchmark": "slot_carry", "summary": summary, "total_s": 9.0,
                         "carries": {"carried": 2, "not_carried": 0}})
     assert "| 2 | 700 | 2 | 701 | 21 | 5.50 | 0.60 | 0.11 |" in text, text
+
+
+def test_pool_servers_get_the_added_flags_and_the_table_names_them():
+    from benchmarks.bench_engine import _server_args
+
+    args = type("A", (), {"server_defaults": True, "server_args": "--cache-ram 0"})()
+    assert _server_args(args) == ("-c", "0", "--cache-ram", "0")
+    args.server_defaults, args.server_args = False, ""
+    assert _server_args(args) == ()
+    data = {"benchmark": "engine_pool", "pool": {"servers": 2},
+            "settings": {"server_args": "--cache-ram 0"}, "summary": {}}
+    assert "every server also given `--cache-ram 0`" in render_file(data)
+    del data["settings"]["server_args"]
+    assert "also given" not in render_file(data)
