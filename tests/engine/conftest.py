@@ -28,6 +28,17 @@ REQUIRE_ENV = "CI_REQUIRE_ENGINE"
 _install_errors: list[str] = []
 
 
+ENGINE_TEST_TIMEOUT_S = 900  # the longest wait an engine test gives the engine, plus room
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An engine test waits up to 600-900 s for a small CPU model on a loaded 2-core machine:
+    its own deadlines, not the suite's 300 s default, bound it (an explicit mark wins)."""
+    for item in items:
+        if item.get_closest_marker("engine") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Install the engine before the first test when engine tests are selected."""
     if installed() is not None or not any(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 
 import pytest
 from pydantic import BaseModel
@@ -34,16 +35,37 @@ async def fetch(key: str) -> str:
     return f"data for {key}"
 
 
+RELEASE = threading.Event()  # set by a test when its tool calls may return
+
+
+async def released(within_s: float = 60.0) -> None:
+    """Wait (bounded) for the test to set ``RELEASE``: a tool held on an event, not a sleep."""
+    deadline = time.monotonic() + within_s
+    while not RELEASE.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 @tool(coalesce=True)  # read-only: only tools declared safe to share merge agents' calls
 async def fetch_slowly(key: str) -> str:
-    """Fetch slowly, so every agent's first turn lands inside the one execution.
+    """Fetch until released, so every agent's first turn lands inside the one execution.
 
     Args:
         key: what to fetch.
     """
     with _lock:
         CALLS[key] = CALLS.get(key, 0) + 1
-    await asyncio.sleep(3)
+    await released()
+    return f"data for {key}"
+
+
+@tool
+async def fetch_when_released(key: str) -> str:
+    """Fetch once the test has released it.
+
+    Args:
+        key: what to fetch.
+    """
+    await released()
     return f"data for {key}"
 
 
@@ -61,6 +83,7 @@ async def slow(key: str) -> str:
 @pytest.fixture(autouse=True)
 def _reset_calls():
     CALLS.clear()
+    RELEASE.clear()
 
 
 def _run(sim_url, task, inputs, **kw):
@@ -85,8 +108,14 @@ def test_tools_and_schema_end_to_end(sim_url):
 
 def test_identical_concurrent_calls_execute_once(sim_url):
     task = 'Agent {i}.\n@sim tool fetch_slowly {{"key": "shared"}}'
-    results = _run(sim_url, task, [{"i": i} for i in range(50)], tools=[fetch_slowly],
-                   output_schema=Brief)
+    handle = submit_batch(task, [{"i": i} for i in range(50)], model="sim-model",
+                          backend=sim_url, tools=[fetch_slowly], output_schema=Brief)
+    deadline = time.monotonic() + 60
+    while handle.progress().awaiting_tools < 50:  # every agent inside the one execution
+        assert time.monotonic() < deadline, handle.progress()
+        time.sleep(0.05)
+    RELEASE.set()
+    results = handle.wait(timeout=60)
     assert all(r.ok for r in results)
     assert CALLS == {"shared": 1}
     assert sum(r.tool_calls[0].coalesced for r in results) == 49
@@ -182,13 +211,17 @@ async def test_async_api_and_async_callback(sim_url):
 
 
 def test_results_stream_in_completion_order(sim_url):
-    inputs = [{"i": i, "extra": '@sim tool fetch {"key": "s"}' if i % 2 == 0 else ""}
-              for i in range(6)]
+    inputs = [{"i": i, "extra": '@sim tool fetch_when_released {"key": "s"}'
+               if i % 2 == 0 else ""} for i in range(6)]
     handle = submit_batch("Agent {i}.\n{extra}", inputs, model="m", backend=sim_url,
-                          tools=[fetch])
-    order = [r.index for r in handle.results(timeout=30)]
+                          tools=[fetch_when_released])
+    order = []
+    for r in handle.results(timeout=60):
+        order.append(r.index)
+        if len(order) == 3:  # the tool-free agents are out: the others' tools may return
+            RELEASE.set()
     assert sorted(order) == list(range(6))
-    assert set(order[:3]) == {1, 3, 5}  # tool-free agents finish first
+    assert set(order[:3]) == {1, 3, 5}  # tool-free agents are streamed as each finishes
 
 
 def test_unreachable_backend_fails_at_warmup_before_dispatch():

@@ -133,14 +133,22 @@ def test_a_claimer_that_loses_the_compare_and_set_releases_its_lease(redis_url, 
 def test_a_busy_claim_is_requeued_not_dropped(redis_url, sim_url, start_workers):
     handle = _submit(redis_url, sim_url, "Agent {i}.", [{"i": 0}])
     client = redis.from_url(redis_url)
-    # a lease left by a worker that is still (or was) running this turn, 10 s to live: longer
-    # than a worker takes to start on a loaded machine, so the first claim finds it held
-    client.set(BatchKeys(handle.batch_id).lease(0), "someone-else", px=10_000)
+    # a lease left by a worker that is still running this turn: kept alive (10 s to live,
+    # renewed while it is still ours) until a claim has found it held and requeued the turn,
+    # however long the worker takes to start; then left to run out
+    lease = BatchKeys(handle.batch_id).lease(0)
+    client.set(lease, "someone-else", px=10_000)
+    renew = client.register_script(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then "
+        "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
     start_workers(1, concurrency=4, env={"AGENTBATCH_QUEUE_GRACE_S": "600"})
+    deadline = time.monotonic() + 120
+    while int(handle.status().get("stat:requeued_busy", 0)) < 1:
+        assert time.monotonic() < deadline, "no claim found the held lease in 120 s"
+        assert renew(keys=[lease], args=["someone-else", 10_000]) == 1, "the held lease lapsed"
+        time.sleep(0.2)
     results = handle.wait(timeout=60)  # far below the 600 s grace: no sweep needed
     assert results[0].ok, results[0].error
-    status = handle.status()
-    assert status.get("stat:requeued_busy", 0) >= 1, status
 
 
 def test_the_sweep_does_not_resend_work_that_is_only_queued(redis_url, sim_url,

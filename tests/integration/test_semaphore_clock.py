@@ -95,7 +95,9 @@ async def test_a_holder_deleted_mid_hold_learns_it_and_is_readmitted_when_free(
 
 async def test_a_lost_slot_is_not_taken_back_past_the_limit(client: Any) -> None:
     a = sem(client, "lost-2", ttl_ms=600)
-    b = sem(client, "lost-2", ttl_ms=600)
+    # b holds long: only a needs the short renewal cycle, and a stalled test must not see b
+    # expire and a take its slot back
+    b = sem(client, "lost-2", ttl_ms=60_000)
     async with a.slot() as held:
         await client.zrem(a.key, held.holder)
         assert await b.try_acquire("b") is True  # the freed slot goes to another request
