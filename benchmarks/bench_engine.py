@@ -74,7 +74,8 @@ Issue 26 items 1 and 3 (a pool of llama-servers), written to its own results fil
 ``--pool N`` starts N llama-servers, each pinned to its own CPU, and every agentbatch system
 gets ``backend=[url1, url2, ...]``; ``embedded_least_outstanding`` is ``embedded`` with
 ``pool_routing="least_outstanding"``; ``naive_round_robin`` sends each turn to the next
-server, ``naive_hash`` pins each agent to one server by a hash of its number. Engine counters
+server, ``naive_hash`` pins each agent to one server (agent i on server i mod N: the even
+split a hash gives only on average; see ``pinned_server``). Engine counters
 are summed over the servers, with each server's share (``per_server``, ``busy_max_over_mean``)
 and agentbatch embedded's ``moves``. The ``longconv`` workload: 4 agents (the committed run;
 3 before, which no routing can split evenly over 2 servers) each read a 6-page
@@ -116,7 +117,6 @@ import signal
 import sys
 import time
 import urllib.request
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from unittest.mock import patch
@@ -603,10 +603,18 @@ class _RoundRobin:
         return await client.chat.completions.create(**body)
 
 
+def pinned_server(agent: int, servers: int) -> int:
+    """The server the pinning naive client (``naive_hash``) sends agent ``agent`` to: its
+    number mod the pool size, an even split. A hash of the number splits evenly only on
+    average: crc32, used before, put all four agents of ``longconv`` on one server, so that
+    client ran on half the pool and any routing looked good against it."""
+    return agent % servers
+
+
 async def run_naive(ctx: dict[str, Any], workload: str, n: int,
                     ttfts: list[float] | None = None, spread: str = "") -> dict[str, Any]:
     """``spread`` over the pool's servers (``--pool``): ``round_robin`` (every turn to the
-    next server) or ``hash`` (each agent pinned to one server by a hash of its number);
+    next server) or ``hash`` (each agent pinned to one server, ``pinned_server``);
     "" is the one server (the first)."""
     tally = {"turns": 0, "tool_calls": 0, "agents_calling_tools": 0, "repairs": 0}
     urls = (ctx.get("http_urls") or [ctx["http_url"]]) if spread else [ctx["http_url"]]
@@ -618,7 +626,7 @@ async def run_naive(ctx: dict[str, Any], workload: str, n: int,
     def client_for(item: dict[str, Any]) -> Any:
         if spread == "round_robin":
             return rr
-        return clients[zlib.crc32(str(item["i"]).encode()) % len(clients)]
+        return clients[pinned_server(item["i"], len(clients))]
 
     try:
         results = await asyncio.gather(
@@ -1067,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
                          "agentbatch_llamacpp_compact_json": True,
                          "server_defaults": args.server_defaults,
                          "server_args": args.server_args or None,
+                         "naive_hash_pinning": "agent i on server i mod N (pinned_server)",
                          "server_cpus": args.server_cpus or None,
                          "client_cpus": args.client_cpus or None,
                          "loadavg_at_start": load_at_start,

@@ -567,7 +567,8 @@ def render_hedge(data: dict[str, Any]) -> str:
 
 def render_engine_pool(data: dict[str, Any]) -> str:
     """bench_engine.py ``--pool``: a pool of llama-servers, agentbatch against naive clients
-    that round-robin turns or pin agents by hash (issue 26), medians per workload."""
+    that round-robin turns or pin each agent to one server (issue 26), medians per workload.
+    A run that recorded no ``naive_hash_pinning`` pinned by crc32 of the agent's number."""
     pool, s = data.get("pool", {}), data.get("settings", {})
     load0, load1 = pool.get("loadavg_at_start"), pool.get("loadavg_at_end")
     parts = [f"### A pool of {pool.get('servers')} llama-servers (SmolLM2-135M Q4_1, "
@@ -585,6 +586,10 @@ def render_engine_pool(data: dict[str, Any]) -> str:
               "Busiest / mean is the busiest server's engine seconds (prompt + generating) over "
               "the pool's mean (1.00 = even). Moves are agentbatch embedded's turns routed off "
               "their agent's home server (`handle.stats()[\"pool\"][\"moves\"]`), per run. "
+              "`naive_hash` pins each agent to one server: "
+              + (s["naive_hash_pinning"] if s.get("naive_hash_pinning") else
+                 "by crc32 of the agent's number, which put every agent of `longconv` on one "
+                 "server") + ". "
               f"`longconv`: every agent reads a {lc.get('pages')}-page manual one page "
               f"(~{lc.get('page_chars')} characters) per turn, then answers.", ""]
     for wl, per in data.get("summary", {}).items():
@@ -605,13 +610,14 @@ def render_engine_pool(data: dict[str, Any]) -> str:
                   table(["system", "runs", "wall s", "walls s", "valid", "turns",
                          "prompt tok computed", "cached tok", "busiest / mean",
                          "moves load/failover", "wall / round-robin",
-                         "prompt tok / round-robin", "wall / hash"], rows), ""]
+                         "prompt tok / round-robin", "wall / pinned"], rows), ""]
     r = data.get("ratios", {})
     parts += [f"Long conversation, agentbatch embedded (targets in issue 26): wall "
               f"{fmt(r.get('embedded_wall_over_naive_round_robin'))}x round-robin's (target "
               f"<= 0.6), prompt tokens computed "
               f"{fmt(r.get('embedded_prompt_tokens_over_naive_round_robin'))}x (target <= 0.5), "
-              f"wall {fmt(r.get('embedded_wall_over_naive_hash'))}x hash-pinned's (target < 1)."]
+              f"wall {fmt(r.get('embedded_wall_over_naive_hash'))}x the pinned client's "
+              "(target < 1)."]
     if data.get("ratios_caveat"):
         parts += ["", f"_{data['ratios_caveat']}_"]
     return "\n".join(parts).rstrip()

@@ -277,3 +277,19 @@ def test_pool_servers_get_the_added_flags_and_the_table_names_them():
     assert "every server also given `--cache-ram 0`" in render_file(data)
     del data["settings"]["server_args"]
     assert "also given" not in render_file(data)
+
+
+def test_the_pinning_naive_client_splits_agents_evenly_and_the_table_says_how():
+    from collections import Counter
+
+    from benchmarks.bench_engine import pinned_server
+
+    # longconv's 4 agents on 2 servers: 2 each (crc32 of the number put all 4 on one)
+    assert Counter(pinned_server(i, 2) for i in range(4)) == {0: 2, 1: 2}
+    assert Counter(pinned_server(i, 3) for i in range(6)) == {0: 2, 1: 2, 2: 2}
+    data = {"benchmark": "engine_pool", "pool": {"servers": 2}, "summary": {},
+            "settings": {"naive_hash_pinning": "agent i on server i mod N (pinned_server)"}}
+    assert "`naive_hash` pins each agent to one server: agent i on server i mod N" in \
+        render_file(data)
+    del data["settings"]["naive_hash_pinning"]  # a run from before: said, not hidden
+    assert "by crc32 of the agent's number" in render_file(data)
