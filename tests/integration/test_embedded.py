@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from agentbatch import BatchSpecError, arun_batch, run_batch, submit_batch, tool
+from tests.support.waits import poll_until
 
 
 class Brief(BaseModel):
@@ -110,10 +111,8 @@ def test_identical_concurrent_calls_execute_once(sim_url):
     task = 'Agent {i}.\n@sim tool fetch_slowly {{"key": "shared"}}'
     handle = submit_batch(task, [{"i": i} for i in range(50)], model="sim-model",
                           backend=sim_url, tools=[fetch_slowly], output_schema=Brief)
-    deadline = time.monotonic() + 60
-    while handle.progress().awaiting_tools < 50:  # every agent inside the one execution
-        assert time.monotonic() < deadline, handle.progress()
-        time.sleep(0.05)
+    poll_until(handle.progress, lambda p: p.awaiting_tools == 50,  # all inside the one call
+               lambda p: f"not every agent awaits the call: {p}", timeout=60, poll_s=0.05)
     RELEASE.set()
     results = handle.wait(timeout=60)
     assert all(r.ok for r in results)

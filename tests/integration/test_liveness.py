@@ -30,6 +30,7 @@ from agentbatch.distributed.state.transition import Transition
 from agentbatch.distributed.workers.app import INFERENCE_QUEUE, PRIORITY_STEPS
 from agentbatch.distributed.workers.envelope import queue_key
 from tests.support.tools import Answer, Exploding, Renamed, lookup
+from tests.support.waits import poll_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -142,11 +143,13 @@ def test_a_busy_claim_is_requeued_not_dropped(redis_url, sim_url, start_workers)
         "if redis.call('get', KEYS[1]) == ARGV[1] then "
         "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
     start_workers(1, concurrency=4, env={"AGENTBATCH_QUEUE_GRACE_S": "600"})
-    deadline = time.monotonic() + 120
-    while int(handle.status().get("stat:requeued_busy", 0)) < 1:
-        assert time.monotonic() < deadline, "no claim found the held lease in 120 s"
+
+    def requeued() -> int:
         assert renew(keys=[lease], args=["someone-else", 10_000]) == 1, "the held lease lapsed"
-        time.sleep(0.2)
+        return int(handle.status().get("stat:requeued_busy", 0))
+
+    poll_until(requeued, lambda n: n >= 1, lambda _: "no claim found the held lease in 120 s",
+               timeout=120)
     results = handle.wait(timeout=60)  # far below the 600 s grace: no sweep needed
     assert results[0].ok, results[0].error
 
