@@ -33,3 +33,16 @@ def load_bound(total_outstanding: int, endpoints: int, factor: float, floor: int
     moves anyone)."""
     mean = (total_outstanding + 1) / max(1, endpoints)
     return max(floor, math.ceil(factor * mean))
+
+
+def spread(key: str, endpoints: int) -> int | None:
+    """Which of ``endpoints`` a fleet places agent ``key``'s first turn on: agent ``i`` of a
+    batch on ``(i + offset) % endpoints``, the offset a hash of the batch id. Every process
+    places an agent alike, and a batch's agents split evenly (each endpoint within one of
+    ``agents / endpoints``) with no counts shared; the offset keeps small batches on a shared
+    fleet from all starting on the first endpoint. ``key`` is ``batch_id:index``
+    (``core/render.py``); None for any other key (the warm-up's)."""
+    batch, _, number = key.rpartition(":")
+    if not batch or not number.isdigit() or endpoints < 1:
+        return None
+    return (int(number) + _weight("spread", batch)) % endpoints

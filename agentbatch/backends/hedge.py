@@ -265,14 +265,12 @@ def enable_hedging(backend: Backend, hedge_after: float | None) -> None:
     count_moves(backend)
     if hedge_after is None:
         return
-    from agentbatch.backends.base import BackendWrapper
-    from agentbatch.backends.pool import EndpointPool
+    from agentbatch.backends.pool import pool_under
 
-    while isinstance(backend, BackendWrapper):
-        backend = backend.inner
-    if not isinstance(backend, EndpointPool):
+    pool = pool_under(backend)
+    if pool is None:
         raise TypeError(f"hedge_after needs a pool of endpoints, not {backend.name}")
-    backend.hedger = Hedger(hedge_after)
+    pool.hedger = Hedger(hedge_after)
 
 
 def check_hedge_after(value: Any, backend: Any, *, pricing: str) -> None:

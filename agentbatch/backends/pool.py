@@ -5,16 +5,19 @@ prefix cache hot. ``routing="affinity"`` (the default) gives each agent a home e
 one that served its last reply (``ModelResponse.endpoint``, kept in the agent's state and
 sent back as ``ModelRequest.cached_on``), which holds its conversation. The state travels
 with the agent, so on the distributed engine any worker sends an agent's turn to the same
-server. A first turn has no home: it goes to the endpoint with the fewest in flight, ties
-by the agent's rendezvous ranking over the endpoint names (``affinity.rank``), so a batch
-starts balanced. A turn leaves its home only when the home is ejected or suspect (it just
-failed) or holds more than its share of requests in flight (``affinity.load_bound``:
-``load_factor`` times the mean, at least ``load_floor``); it then takes the agent's next
-choice in its ranking, and the move is counted (``moves()``: ``load`` / ``failover``) and
-told to each listener (``add_move_listener``). A moved agent stays where it moved: its
-conversation is there now. A move for load first carries that conversation where the servers
-can (``_carry``: llama.cpp servers sharing a ``--slot-save-path`` save the home's slot and
-restore it there), so the moved turn computes only what is new.
+server. A first turn has no home: it goes to the endpoint with the fewest in flight, ties by
+the agent's rendezvous ranking over the endpoint names (``affinity.rank``), so a batch
+starts balanced. A distributed worker's pool counts only its own process's turns in flight,
+so it spreads first turns by the agent's number instead (``spread_first_turns``, set by
+``setup.spread_first_turns``; ``affinity.spread``): every process places an agent alike, and
+a batch splits evenly over the pool. A turn leaves its home only when the home is ejected or
+suspect (it just failed) or holds more than its share of requests in flight
+(``affinity.load_bound``: ``load_factor`` times the mean, at least ``load_floor``); it then
+takes the agent's next choice in its ranking, and the move is counted (``moves()``: ``load``
+/ ``failover``) and told to each listener (``add_move_listener``). A moved agent stays where
+it moved: its conversation is there now. A move for load first carries that conversation
+where the servers can (``_carry``: llama.cpp servers sharing a ``--slot-save-path`` save the
+home's slot and restore it there), so the moved turn computes only what is new.
 ``routing="least_outstanding"`` sends every turn to the endpoint with the fewest in flight.
 
 An endpoint that fails ``eject_after`` times in a row with a connection error or a timeout is
@@ -40,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from agentbatch.backends.affinity import load_bound, rank
-from agentbatch.backends.base import Backend, ServerLoad
+from agentbatch.backends.affinity import load_bound, rank, spread
+from agentbatch.backends.base import Backend, BackendWrapper, ServerLoad
 from agentbatch.backends.hedge import Attempt, Hedger
 from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, BatchSpecError
 from agentbatch.core.model_io import Message, ModelRequest, ModelResponse
@@ -106,6 +109,14 @@ def parse_hostfile(path: str | Path, default_scheme: str = "http") -> list[str]:
     return urls
 
 
+def pool_under(backend: Backend) -> EndpointPool | None:
+    """The ``EndpointPool`` under ``backend``'s wrapping layers (retry, micro-batching);
+    None for one endpoint."""
+    while isinstance(backend, BackendWrapper):
+        backend = backend.inner
+    return backend if isinstance(backend, EndpointPool) else None
+
+
 @dataclass
 class _Endpoint:
     backend: Backend
@@ -168,6 +179,9 @@ class EndpointPool(Backend):
         self._move_listeners: list[MoveListener] = []
         self._turn = 0
         self._closed = False
+        # First turns by the agent's number, not by this process's turns in flight: set where
+        # several processes share the pool's servers (a distributed worker).
+        self.spread_first_turns = False
         self.hedger: Hedger | None = None  # set by ``hedge.enable_hedging``
 
     @property
@@ -203,11 +217,22 @@ class EndpointPool(Backend):
         )
 
     def _placed(self, key: str) -> int:
-        """Where an agent with nothing cached yet starts: the admitted endpoint with the
+        """Where an agent with nothing cached yet starts: spread by its number where several
+        processes share the pool (``spread_first_turns``), else (or when every endpoint
+        from its spread one on is out or past the load bound) the admitted endpoint with the
         fewest in flight, suspect ones last, ties by the agent's ranking. Its conversation
         is empty, so no endpoint holds more of it than another: balance is all that counts,
         and a hash home would put three agents of four on one server as often as not."""
         healthy = self._healthy_indices()
+        start = spread(key, len(self._eps)) if self.spread_first_turns else None
+        if start is not None:  # the next admitted endpoint from its spread one, under the bound
+            n = len(self._eps)
+            bound = load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
+                               self.load_factor, self.load_floor)
+            for i in ((start + k) % n for k in range(n)):
+                ep = self._eps[i]
+                if not ep.ejected and not self._suspect(ep) and ep.outstanding < bound:
+                    return i
         place = {i: n for n, i in enumerate(rank(key, self._names))}
         return min(healthy, key=lambda i: (self._suspect(self._eps[i]),
                                            self._eps[i].outstanding, place[i]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentbatch.backends.base import Backend, BackendWrapper
+from agentbatch.backends.base import Backend
 from agentbatch.metrics import pool_moves_enabled, record_pool_move
 
 OnMove = Callable[[str, int], None]  # (reason, n)
@@ -37,14 +37,13 @@ def count_moves(backend: Backend, on_move: OnMove | None = None) -> bool:
     """Count each move of the ``EndpointPool`` under ``backend``'s wrapping layers in
     ``agentbatch_pool_moves_total`` (once per pool, however often called) and, if given, call
     ``on_move`` too. False (nothing done) when there is no pool under it."""
-    from agentbatch.backends.pool import EndpointPool
+    from agentbatch.backends.pool import pool_under
 
-    while isinstance(backend, BackendWrapper):
-        backend = backend.inner
-    if not isinstance(backend, EndpointPool):
+    pool = pool_under(backend)
+    if pool is None:
         return False
     pool_moves_enabled()  # the counters exist at 0 from now on
-    backend.add_move_listener(_record)
+    pool.add_move_listener(_record)
     if on_move is not None:
-        backend.add_move_listener(_EachMove(on_move))
+        pool.add_move_listener(_EachMove(on_move))
     return True

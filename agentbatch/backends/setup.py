@@ -134,14 +134,24 @@ def pool_stats(backend: Backend) -> dict[str, object] | None:
     turns moved off their agent's home endpoint (``EndpointPool.moves``), those whose
     conversation went with them (``EndpointPool.carries``), and with
     ``hedge_after`` the hedging counters (``hedge.Hedger.stats``); None for one URL."""
-    from agentbatch.backends.pool import EndpointPool
+    from agentbatch.backends.pool import pool_under
 
-    while isinstance(backend, BackendWrapper):
-        backend = backend.inner
-    if not isinstance(backend, EndpointPool):
+    pool = pool_under(backend)
+    if pool is None:
         return None
-    return {"endpoints": backend.stats(), "moves": backend.moves(),
-            "carries": backend.carries(), "hedge": backend.hedge_stats()}
+    return {"endpoints": pool.stats(), "moves": pool.moves(),
+            "carries": pool.carries(), "hedge": pool.hedge_stats()}
+
+
+def spread_first_turns(backend: Backend) -> None:
+    """A distributed worker's pool places first turns by the agent's number, as every other
+    worker's does (``EndpointPool.spread_first_turns``): its own turns in flight are not the
+    fleet's. Nothing for one URL."""
+    from agentbatch.backends.pool import pool_under
+
+    pool = pool_under(backend)
+    if pool is not None:
+        pool.spread_first_turns = True
 
 
 def inflight_hint(backend: Backend) -> int | None:

@@ -96,6 +96,25 @@ def test_two_workers_send_each_agents_turns_to_one_server(
     assert all(sim_stats(s)["requests"].get("chat_completions", 0) > 0 for s in two_sims)
 
 
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_batch_splits_evenly_over_the_pool_whichever_worker_starts_each_agent(
+        redis_url: str, start_workers: Any, two_sims: list[SimServer]) -> None:
+    # One turn in flight per worker: each worker's own count of turns in flight is 0 at every
+    # first turn, so placing by it sent each agent to its hash home (an uneven split in about
+    # three batches of four). Spread by the agent's number, 8 agents start 4 and 4, and stay.
+    start_workers(2, concurrency=1)
+    agents = 8
+    handle = submit_batch(TASK, [{"i": i} for i in range(agents)], model="sim-model",
+                          output_schema=Answer, tools=[pad],
+                          backend=[s.url for s in two_sims], redis_url=redis_url)
+    results = handle.wait(timeout=180)
+    assert all(r.ok and r.turns == TURNS for r in results), [r.error for r in results][:3]
+    per_server = [sim_stats(s)["chat_by_agent"] for s in two_sims]
+    served = [sorted(k for k, n in counts.items() if n == TURNS) for counts in per_server]
+    assert [len(keys) for keys in served] == [agents // 2] * 2, served
+
+
 @pytest.mark.parametrize("backend, named", [
     (["vllm://127.0.0.1:8000", "vllm://127.0.0.1:8000/v1"], "the same server twice"),
     (["http://Host.example:9000", "sglang://host.example:9000"], "the same server twice"),

@@ -18,7 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentbatch.backends.base import Backend
-from agentbatch.backends.setup import inflight_limit, learn_inflight_hint, open_backend
+from agentbatch.backends.setup import (
+    inflight_limit,
+    learn_inflight_hint,
+    open_backend,
+    spread_first_turns,
+)
 from agentbatch.core.errors import BatchSpecError, ConfigError, RateLimited
 from agentbatch.core.output import OutputContract
 from agentbatch.core.plan import BatchPlan
@@ -135,6 +140,8 @@ class WorkerContext:
             await learn_inflight_hint(loaded.runtime.backend)
             # turns pinned to llama.cpp slots alike on every worker (``slot_map.py``)
             share_fleet_slots(loaded.runtime.backend, plan, self.scripts)
+            # first turns of a pool spread alike on every worker (``EndpointPool``)
+            spread_first_turns(loaded.runtime.backend)
         self._remember(batch_id, loaded)
         return loaded
 

@@ -37,7 +37,7 @@ from contextvars import ContextVar
 
 from agentbatch.backends.base import Backend, BackendWrapper
 from agentbatch.backends.hedge import Hedger
-from agentbatch.backends.pool import EndpointPool
+from agentbatch.backends.pool import pool_under
 from agentbatch.backends.pool_moves import count_moves
 from agentbatch.core.model_io import ModelRequest, ModelResponse
 
@@ -90,12 +90,10 @@ class BatchTagged(BackendWrapper):
 def enable_batch_hedging(backend: Backend, hedge_after: float, count: Count) -> None:
     """Give the ``EndpointPool`` under ``backend``'s wrapping layers a ``BatchHedger``
     (submit has checked it is a pool of >= 2 endpoints, as on the embedded engine)."""
-    inner = backend
-    while isinstance(inner, BackendWrapper):
-        inner = inner.inner
-    if not isinstance(inner, EndpointPool):
-        raise TypeError(f"hedge_after needs a pool of endpoints, not {inner.name}")
-    inner.hedger = BatchHedger(hedge_after, count)
+    pool = pool_under(backend)
+    if pool is None:
+        raise TypeError(f"hedge_after needs a pool of endpoints, not {backend.name}")
+    pool.hedger = BatchHedger(hedge_after, count)
 
 
 def count_batch_moves(backend: Backend, count: Count) -> bool:
