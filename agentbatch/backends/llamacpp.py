@@ -406,27 +406,34 @@ class LlamaCppBackend(OpenAICompatBackend):
     # -- warm-up: does the prompt cache work, and does pinning keep it -----------------------
 
     async def probe_cache(self, request: ModelRequest) -> CacheProbe | None:
-        """Send the shared prefix (``max_tokens`` 1) pinned to slot 0, a one-word prompt to
-        slot 1, the prefix to slot 0 again, then unpinned, reading each reply's cached-token
-        count. The unpinned repeat shows
-        whether the server's own slot choice keeps the prefix (if not, one warning names the
-        flags that defeat it); the third whether a slot keeps it while another slot works
-        (then, with ``slot_affinity`` unset, turns are pinned: ``SlotPicker``). Neither can be
-        read from ``/props`` or ``/slots`` on this build. None if the server did not answer."""
+        """Send the shared prefix (``max_tokens`` 1) pinned to slot 0, a request to slot 1,
+        the prefix to slot 0 again, then unpinned, reading each reply's cached-token count.
+        The unpinned repeat shows whether the server's own slot choice keeps the prefix (if
+        not, one warning names the flags that defeat it); the third whether a slot keeps it
+        while another slot works (then, with ``slot_affinity`` unset, turns are pinned:
+        ``SlotPicker``). Neither can be read from ``/props`` or ``/slots`` on this build.
+        None if the server did not answer.
+
+        What slot 1 gets depends on what slot 0 held. Where slot 0 had to compute the
+        prefix (nothing cached yet), slot 1 gets a one-word prompt: a request pinned with
+        ``id_slot`` is never restored from llama.cpp's host-memory cache, so the prefix sent
+        there computed it a second time on every server (issue 26 item 2). Where slot 0
+        already held it (an earlier batch left it), slot 1 gets the prefix, which it most
+        likely holds too: the one-word prompt overwrote it there, and on a server without a
+        host cache the unpinned repeat, landing on slot 1, then computed it again (about
+        300 tokens on every server for every batch)."""
         slots = await self.total_slots()
         try:
             pinned: int | None = None
             if slots > 1:
-                first = await self._probe_once(request, 0)
+                total, held = await self._probe_once(request, 0)
                 # Slot 1 works between the two requests to slot 0 (so a server that clears
-                # idle slots shows it), on a one-word prompt: a request pinned with id_slot
-                # is never restored from llama.cpp's host-memory cache, so sending the prefix
-                # there computed it a second time on every server (issue 26 item 2).
-                await self._probe_once(request.model_copy(update={"messages": [
-                    {"role": "user", "content": "ok"}]}), 1)
+                # idle slots shows it).
+                warm = held >= CACHED_SHARE * total
+                await self._probe_once(request if warm else request.model_copy(
+                    update={"messages": [{"role": "user", "content": "ok"}]}), 1)
                 pinned = (await self._probe_once(request, 0))[1]
                 unpinned = (await self._probe_once(request, None))[1]
-                total = first[0]
             else:
                 total = (await self._probe_once(request, None))[0]
                 unpinned = (await self._probe_once(request, None))[1]

@@ -67,3 +67,24 @@ def test_the_probe_computes_the_shared_prefix_once(server: LlamaServer) -> None:
     assert probe is not None and not probe.defeated and probe.pinning_keeps_prefix, probe
     assert computed <= probe.prompt_tokens + SLACK, (computed, probe)
 
+
+
+def test_the_next_batchs_probe_computes_nothing_the_slots_already_hold(
+        engine_paths: EnginePaths) -> None:
+    """With nothing restored from host memory (``--cache-ram 0``) and least-recently-used slots
+    (``--slot-prompt-similarity 0``), the first probe leaves the prefix in both slots: slot 0
+    by its pinned requests, slot 1 by the server's own choice for the unpinned repeat. The
+    next batch's probe finds it in both. Before, the probe sent a one-word prompt pinned to
+    slot 1, which overwrote the prefix there, and its unpinned repeat then landed on slot 1
+    and computed the prefix again: about 314 tokens on every server for every batch (the
+    pool benchmark without a host cache)."""
+    with LlamaServer(engine_paths, parallel=2, threads=1,
+                     extra_args=("--cache-ram", "0")) as server:
+        first = asyncio.run(_probe(server.llamacpp_url))
+        before = prompt_tokens_total(server.http_url)
+        second = asyncio.run(_probe(server.llamacpp_url))
+        computed = prompt_tokens_total(server.http_url) - before
+    print(f"first {first}; second {second}; prompt tokens computed by the second {computed:.0f}")
+    assert first is not None and first.pinning_keeps_prefix, first
+    assert second is not None and second.pinning_keeps_prefix, second
+    assert computed <= SLACK, (computed, second)
