@@ -40,8 +40,8 @@ def spread(key: str, endpoints: int) -> int | None:
     batch on ``(i + offset) % endpoints``, the offset a hash of the batch id. Every process
     places an agent alike, and a batch's agents split evenly (each endpoint within one of
     ``agents / endpoints``) with no counts shared; the offset keeps small batches on a shared
-    fleet from all starting on the first endpoint. ``key`` is ``batch_id:index``
-    (``core/render.py``); None for any other key (the warm-up's)."""
+    fleet from all starting on the first endpoint. ``key`` is
+    ``model_io.agent_key(batch_id, index)``; None for any other key (the warm-up's)."""
     batch, _, number = key.rpartition(":")
     if not batch or not number.isdigit() or endpoints < 1:
         return None

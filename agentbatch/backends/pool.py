@@ -38,7 +38,7 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -205,6 +205,11 @@ class EndpointPool(Backend):
             )
         return healthy
 
+    def _bound(self, healthy: Collection[int]) -> int:
+        """How many in flight an admitted endpoint may hold before a turn passes it by."""
+        return load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
+                          self.load_factor, self.load_floor)
+
     def _least_loaded(self) -> int:
         healthy = self._healthy_indices()
         n, start = len(self._eps), self._turn
@@ -227,8 +232,7 @@ class EndpointPool(Backend):
         start = spread(key, len(self._eps)) if self.spread_first_turns else None
         if start is not None:  # the next admitted endpoint from its spread one, under the bound
             n = len(self._eps)
-            bound = load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
-                               self.load_factor, self.load_floor)
+            bound = self._bound(healthy)
             for i in ((start + k) % n for k in range(n)):
                 ep = self._eps[i]
                 if not ep.ejected and not self._suspect(ep) and ep.outstanding < bound:
@@ -250,8 +254,7 @@ class EndpointPool(Backend):
         # Home first, then the agent's ranking over admitted endpoints, suspect ones last.
         choices = sorted((i for i in order if i in healthy),
                          key=lambda i: self._suspect(self._eps[i]))
-        bound = load_bound(sum(self._eps[i].outstanding for i in healthy), len(healthy),
-                           self.load_factor, self.load_floor)
+        bound = self._bound(healthy)
         chosen = next((i for i in choices if self._eps[i].outstanding < bound), None)
         if chosen is None:  # every endpoint is past the bound: the least loaded takes it
             chosen = self._least_loaded()

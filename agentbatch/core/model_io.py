@@ -20,6 +20,12 @@ _M = TypeVar("_M", bound=BaseModel)
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def agent_key(batch_id: str, index: int) -> str:
+    """One agent's routing key, ``batch_id:index``: its affinity and prefix locality in an
+    endpoint pool, and its first turn's place (``backends/affinity.spread`` parses it)."""
+    return f"{batch_id}:{index}"
+
+
 def canonical_json(value: Any) -> str:
     """Stable, compact JSON: the same value always gives the same bytes (cache/coalescing keys)."""
     return _CANONICAL.encode(value)

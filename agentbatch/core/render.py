@@ -7,7 +7,7 @@ starts with the same bytes and the server's prefix cache serves them.
 from __future__ import annotations
 
 from agentbatch.core.agent_state import AgentState
-from agentbatch.core.model_io import ModelRequest
+from agentbatch.core.model_io import ModelRequest, agent_key
 from agentbatch.core.plan import BatchPlan
 from agentbatch.core.turns import CallModel
 
@@ -38,7 +38,7 @@ def build_request(plan: BatchPlan, state: AgentState, action: CallModel) -> Mode
         max_tokens=plan.max_tokens,
         temperature=plan.temperature,
         request_id=f"{plan.batch_id}-{state.index}-v{state.version}",
-        agent_key=f"{plan.batch_id}:{state.index}",
+        agent_key=agent_key(plan.batch_id, state.index),
         cached_on=state.endpoint,
         turns_left=action.turns_left,
         timeout_s=plan.timeout_per_turn,

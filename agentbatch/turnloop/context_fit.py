@@ -24,7 +24,7 @@ from agentbatch.backends.base import Backend
 from agentbatch.core import compaction as cp
 from agentbatch.core.agent_state import AgentState
 from agentbatch.core.errors import BackendError
-from agentbatch.core.model_io import Message, ModelRequest, Usage
+from agentbatch.core.model_io import Message, ModelRequest, Usage, agent_key
 from agentbatch.core.turns import Abandoned
 from agentbatch.turnloop.runtime import BatchRuntime
 
@@ -264,7 +264,7 @@ async def _summarized(rt: BatchRuntime, state: AgentState, request: ModelRequest
         kept = cp.prompt_chars([*prefix, convo[0], *convo[point:]], request.tools)
         return size * kept / chars
 
-    agent = f"{rt.plan.batch_id}:{state.index}"
+    agent = agent_key(rt.plan.batch_id, state.index)
     start = cp.summary_start(points, tail_tokens, room, tail_tokens(len(convo)),
                              _STARTS.get(agent))
     _remember(_STARTS, agent, start)
@@ -309,7 +309,7 @@ async def _summarize(rt: BatchRuntime, state: AgentState, older: list[Message],
         model=plan.model, messages=messages, max_tokens=max_tokens,
         temperature=plan.temperature,
         request_id=f"{plan.batch_id}-{state.index}-v{state.version}-summary",
-        agent_key=f"{plan.batch_id}:{state.index}", cached_on=state.endpoint,
+        agent_key=agent_key(plan.batch_id, state.index), cached_on=state.endpoint,
         timeout_s=plan.timeout_per_turn,
     )
     try:

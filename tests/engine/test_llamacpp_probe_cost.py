@@ -68,7 +68,6 @@ def test_the_probe_computes_the_shared_prefix_once(server: LlamaServer) -> None:
     assert computed <= probe.prompt_tokens + SLACK, (computed, probe)
 
 
-
 def test_the_next_batchs_probe_computes_nothing_the_slots_already_hold(
         engine_paths: EnginePaths) -> None:
     """With nothing restored from host memory (``--cache-ram 0``) and least-recently-used slots
