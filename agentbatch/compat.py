@@ -43,7 +43,7 @@ UNSUPPORTED: dict[str, str] = {
     "runtime": "agentbatch runs its own agent loop; external runtimes (OpenCode ...) are not "
                "supported",
     "kvflow": "there is no KVFlow prefetch; prefix caching is the server's (warm_prefix=True "
-              "sends the shared prefix once)",
+              "sends the shared prefix once where the server needs it)",
     "kvflow_advisor": "there is no KVFlow prefetch",
     "diff_kv": "there is no TokenDance diff KV",
     "prefix_pinning": "prefix caching is the server's; warm_prefix=True warms it",

@@ -12,9 +12,11 @@
    (``/sim/stats``), wall and client CPU seconds, and batched / per-prompt ratios.
 2. **Prefix warming.** On ``SimConfig(max_running=32, prefill_ms_per_token=0.2)``, ``--agents``
    (64) concurrent *streaming* chat requests share a ~3,000-token system prompt and each add a
-   short unique user message: (a) cold, (b) after one ``backend.warm(...)`` request with the
-   shared prefix. Recorded: TTFT p50/p95 from ``ModelResponse.ttft_s``, cached/prompt token
-   totals, the warm-up's own time, and warm / cold ratios.
+   short unique user message: (a) cold, (b) after one request with the shared prefix
+   (``max_tokens=1``, what ``warm`` sends where a server needs it; on ``vllm://`` and
+   ``sim://`` it sends none, as the simulator, like vLLM, shares a prefix in flight).
+   Recorded: TTFT p50/p95 from ``ModelResponse.ttft_s``, cached/prompt token totals, the
+   warm-up's own time, and warm / cold ratios.
 
 Each simulator is a separate OS process (``SimProcess``) serving every run of its part. Before
 each measurement the client opens its connections with an unrecorded round of unrelated
@@ -199,7 +201,7 @@ async def _ttft_once(url: str, variant: str, agents: int) -> dict[str, Any]:
         warm_s = None
         if variant == "warm":
             with Stopwatch() as wsw:
-                await backend.warm(agent_request(-1))
+                await backend.complete(agent_request(-1).model_copy(update={"max_tokens": 1}))
             warm_s = wsw.wall_s
         gc.collect()
         with Stopwatch() as sw:

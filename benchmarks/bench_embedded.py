@@ -156,7 +156,10 @@ def compute_ratios(results: dict[str, dict[str, Any]], critical_path_s: float) -
 
 def run_benchmark(workload: Workload, agents: int, runs: int, names: list[str],
                   warmup: bool = True, timeout_s: float = 600.0,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  log: Callable[[str], None] = print, gpu_like: bool = False) -> dict[str, Any]:
+    """``gpu_like``: the simulator's GPU-like mode (prefill priced per uncached prompt token,
+    decode per step, a running batch of at most 64) instead of the workload's fixed cost per
+    forward pass, so what a cached prefix saves shows in the wall."""
     from agentbatch.sim.config import SimConfig
     from agentbatch.sim.process import SimProcess
 
@@ -167,7 +170,8 @@ def run_benchmark(workload: Workload, agents: int, runs: int, names: list[str],
         s.name: {"label": s.label, "settings": s.settings, "runs": []} for s in chosen
     }
     started = time.perf_counter()
-    with SimProcess(SimConfig(fixed_ms=workload.fixed_ms)) as sim:
+    config = SimConfig() if gpu_like else SimConfig(fixed_ms=workload.fixed_ms)
+    with SimProcess(config) as sim:
         if warmup:
             for s in chosen:
                 w = measure(s, sim.url, workload, min(20, agents), timeout_s)
@@ -190,7 +194,11 @@ def run_benchmark(workload: Workload, agents: int, runs: int, names: list[str],
         "agents": agents,
         "runs": runs,
         "critical_path_s": workload.critical_path_s,
-        "sim": {"fixed_ms": workload.fixed_ms, "mode": "fixed_ms (unlimited concurrency)",
+        "sim": {"fixed_ms": config.fixed_ms,
+                "mode": (f"gpu_like (prefill {config.prefill_ms_per_token} ms per uncached "
+                         f"prompt token, decode {config.decode_ms} ms per step, at most "
+                         f"{config.max_running} running)" if gpu_like
+                         else "fixed_ms (unlimited concurrency)"),
                 "process": "separate OS process (agentbatch.sim.process.SimProcess)"},
         "warmup": warmup,
         "machine": info,
@@ -219,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None,
                    help="output path (default: benchmarks/results/embedded_<workload>.json)")
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--gpu-like", action="store_true",
+                   help="the simulator prices prefill per uncached token (not fixed_ms)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per batch")
     args = p.parse_args(argv)
 
@@ -229,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown systems: {unknown}")
     data = run_benchmark(workload, agents, args.runs, names, warmup=not args.no_warmup,
-                         timeout_s=args.timeout, log=lambda m: print(m, file=sys.stderr))
+                         timeout_s=args.timeout, log=lambda m: print(m, file=sys.stderr),
+                         gpu_like=args.gpu_like)
     out = write_json(args.json or RESULTS_DIR / f"embedded_{workload.name}.json", data)
     from benchmarks.report import render_file
 

@@ -58,9 +58,14 @@ def _machine_line(data: dict[str, Any]) -> str:
 def render_embedded(data: dict[str, Any]) -> str:
     wl = data["workload"]
     cp = data["critical_path_s"]
-    head = (f"#### `{wl['name']}`: N={data['agents']}, {fmt(wl['fixed_ms'], 0)} ms/forward pass, "
+    sim = data.get("sim", {})
+    gpu_like = "fixed_ms" in sim and sim["fixed_ms"] is None  # bench_embedded --gpu-like
+    cost = (f"simulator {sim['mode']}" if gpu_like
+            else f"{fmt(wl['fixed_ms'], 0)} ms/forward pass")
+    path = "" if gpu_like else f"critical path {fmt(cp, 3)} s, "
+    head = (f"#### `{wl['name']}`: N={data['agents']}, {cost}, "
             f"{wl['tool_rounds']}x {fmt(wl['tool_ms'], 0)} ms tool, "
-            f"keys: {wl['distinct_keys'] or 'distinct'}, critical path {fmt(cp, 3)} s, "
+            f"keys: {wl['distinct_keys'] or 'distinct'}, {path}"
             f"{data['runs']} runs (median)")
     rows = []
     for res in data["systems"].values():

@@ -29,6 +29,10 @@ class BackendCapabilities:
     native_json_schema: bool = False  # honours response_format json_schema / guided JSON
     prefix_cache_metrics: bool = False  # exposes /metrics with prefix-cache hit rate
     prefix_warming: bool = False  # a warm-up request populates a server-side prefix cache
+    # The server computes a prefix its requests in flight share once (vLLM v1 registers a
+    # block in its prefix cache when it schedules it), so a burst of first turns needs no
+    # warm-up: ``warm`` only checks the server answers (``OpenAICompatBackend.warm``).
+    prefix_shared_in_flight: bool = False
     batch_prompting: bool = False  # /v1/completions accepts a list of prompts
     # tool_choice="required" actually forces a tool call (llama.cpp's grammar does not)
     tool_choice_required: bool = True

@@ -11,6 +11,7 @@ per-turn deadline is enforced around the whole exchange, not just per socket rea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ from agentbatch.backends.openai_parse import parse_chat_completion
 from agentbatch.backends.prom import PrefixCounters, parse_server_load
 from agentbatch.backends.sse import ON_TOOL_CALL, SSEDecoder, StreamAssembler, ToolCallListener
 from agentbatch.backends.urls import OPENAI_HOST, BackendTarget, parse_backend_url
-from agentbatch.core.errors import BackendError, BackendTimeout, ServerError
+from agentbatch.core.errors import BackendError, BackendTimeout, BackendUnavailable, ServerError
 from agentbatch.core.model_io import FINISH_LOOP, Message, ModelRequest, ModelResponse
 from agentbatch.core.wait_for import wait_for
 
@@ -43,10 +44,15 @@ CONTEXT_TIMEOUT_S = 10.0  # /v1/models and /tokenize: small, quick answers
 _SELF_HOSTED = BackendCapabilities(
     native_json_schema=True, prefix_cache_metrics=True, prefix_warming=True, batch_prompting=True
 )
+# vLLM v1 caches a prefix block as it schedules it (``KVCacheManager.allocate_slots``): the
+# first turns of a burst scheduled after the first one find the shared prefix already
+# cached, as the simulator models. SGLang's radix cache takes a prefix in only once it is
+# computed, so a burst there computes it again; it is warmed.
+_VLLM = dataclasses.replace(_SELF_HOSTED, prefix_shared_in_flight=True)
 CAPABILITIES: dict[str, BackendCapabilities] = {
-    "vllm": _SELF_HOSTED,
+    "vllm": _VLLM,
     "sglang": _SELF_HOSTED,
-    "sim": _SELF_HOSTED,
+    "sim": _VLLM,
     "dynamo": BackendCapabilities(native_json_schema=True, prefix_warming=True, agent_hints=True),
     "openai": BackendCapabilities(native_json_schema=True, max_safe_concurrency=64),
     # A generic OpenAI-compatible server: most honour json_schema; assume nothing else.
@@ -244,7 +250,15 @@ class OpenAICompatBackend(Backend):
         return response
 
     async def warm(self, request: ModelRequest) -> None:
-        """Send the shared prefix once (``max_tokens=1``) so the fan-out hits a warm cache."""
+        """Send the shared prefix once (``max_tokens=1``) so the fan-out hits a warm cache.
+        Where the server shares a prefix among requests in flight, the round trip would only
+        delay the fan-out (a forward pass on a busy server): this only checks it answers."""
+        if self.capabilities.prefix_shared_in_flight:
+            if not await self.health():
+                raise BackendUnavailable(
+                    f"{self.name}: no answer from {self.target.base_url} on /health or "
+                    "/v1/models")
+            return
         update: dict[str, Any] = {"max_tokens": 1, "json_schema": None}
         if request.request_id:
             update["request_id"] = f"{request.request_id}:warm"

@@ -186,7 +186,9 @@ class BatchOptions:
     native_json_schema: bool = field(default=True, metadata=_doc(
         "also send the schema as ``response_format`` where it can apply."))
     warm_prefix: bool = field(default=True, metadata=_doc(
-        "send the shared prefix once before the fan-out."))
+        "send the shared prefix once before the fan-out, where the server needs it (not "
+        "vLLM, which shares a prefix among requests in flight: there it checks the server "
+        "answers)."))
     batch_prompting: bool = field(default=False, metadata=_doc(
         "gather concurrent tool-free turns into one ``/v1/completions`` request with a prompt "
         "list (rendered with the server's chat template on llama.cpp and vLLM, ChatML "

@@ -436,10 +436,18 @@ async def test_dynamo_sends_agent_hints(server: CannedServer) -> None:
         await b.aclose()
 
 
+@pytest.fixture
+async def sglang(server: CannedServer) -> AsyncIterator[OpenAICompatBackend]:
+    """SGLang takes a prefix into its cache once computed: its warm-up sends the prefix."""
+    b = OpenAICompatBackend(f"sglang://127.0.0.1:{server.port}/v1", api_key=API_KEY, timeout=30)
+    yield b
+    await b.aclose()
+
+
 async def test_warm_sends_one_token_request(
-    server: CannedServer, backend: OpenAICompatBackend
+    server: CannedServer, sglang: OpenAICompatBackend
 ) -> None:
-    await backend.warm(
+    await sglang.warm(
         req("text", max_tokens=500, json_schema={"name": "A", "schema": {}}, request_id="r1")
     )
     assert len(server.requests) == 1
@@ -448,9 +456,32 @@ async def test_warm_sends_one_token_request(
     assert server.last_headers["x-request-id"] == "r1:warm"
 
 
-async def test_warm_raises_mapped_error(backend: OpenAICompatBackend) -> None:
+async def test_warm_raises_mapped_error(sglang: OpenAICompatBackend) -> None:
     with pytest.raises(ServerError):
-        await backend.warm(req("server-error"))
+        await sglang.warm(req("server-error"))
+
+
+async def test_warm_on_vllm_sends_no_model_request_only_checks_the_server_answers(
+    server: CannedServer, backend: OpenAICompatBackend
+) -> None:
+    """vLLM caches a prefix block as it schedules it, so a burst shares one computation and
+    a warm-up would only delay the fan-out by a forward pass."""
+    assert backend.capabilities.prefix_shared_in_flight
+    await backend.warm(req("text", request_id="r1"))
+    assert server.requests == []
+    server.models_ok = False  # /health is not served here, and now /v1/models fails too
+    with pytest.raises(BackendUnavailable, match="no answer"):
+        await backend.warm(req("text", request_id="r1"))
+    assert server.requests == []
+
+
+async def test_warm_on_an_unreachable_vllm_is_unavailable() -> None:
+    b = OpenAICompatBackend(f"vllm://127.0.0.1:{free_closed_port()}", api_key=API_KEY)
+    try:
+        with pytest.raises(BackendUnavailable):
+            await b.warm(req("text"))
+    finally:
+        await b.aclose()
 
 
 async def test_connections_are_reused(server: CannedServer, backend: OpenAICompatBackend) -> None:

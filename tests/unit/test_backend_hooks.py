@@ -101,13 +101,14 @@ def test_the_embedded_engine_calls_its_hooks(hook_log: Path, sim_url: str) -> No
     results = handle.wait(timeout=DEADLINE_S)
     stats = handle.stats()
     assert [r.output for r in results] == [f"reply-{i}" for i in range(20)]
-    # preflight (and its queue gauge check), warm-up, the in-flight cap, the gate's load,
-    # batch prompting's limit and batched call, and stats; workers alone learn a hint, only
-    # a pool probes health, and retries/listeners belong to the retry layer; each turn asks
-    # the context length (learnt once), and prompts this short need no count.
-    assert recorded(hook_log) == {"preflight", "warm", "fetch_load", "inflight_hint",
-                                  "batch_limit", "complete_batch", "requests_sent",
-                                  "context_length"}
+    # preflight (and its queue gauge check), warm-up (on a server that shares a prefix in
+    # flight, as sim:// does, that is a health check), the in-flight cap, the gate's load,
+    # batch prompting's limit and batched call, and stats; workers alone learn a hint, and
+    # retries/listeners belong to the retry layer; each turn asks the context length
+    # (learnt once), and prompts this short need no count.
+    assert recorded(hook_log) == {"preflight", "warm", "health", "fetch_load",
+                                  "inflight_hint", "batch_limit", "complete_batch",
+                                  "requests_sent", "context_length"}
     assert isinstance(stats["requests_sent"], int) and stats["requests_sent"] < 20
     assert stats["retries"] == 0  # the retry layer's own count, not "unknown"
 
@@ -186,12 +187,13 @@ def test_workers_call_the_hooks_of_a_distributed_batch(hook_log: Path, sim_url: 
     results = handle.wait(timeout=3 * DEADLINE_S)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     mine, theirs = recorded(hook_log, by=os.getpid()), recorded(hook_log, not_by=os.getpid())
-    # The submitter checks the server, asks whether it pins turns to slots, and warms it;
+    # The submitter checks the server, asks whether it pins turns to slots, and warms it
+    # (sim:// shares a prefix in flight, as vLLM does: its warm-up checks its health);
     # a worker learns the slot hint (no preflight ran there) and reads it for the fleet cap,
     # is handed the fleet's slot map for the endpoint the plan says pins, reads the load at
     # its gate and the batch limit as each turn enters a batching window. Whether two turns
     # share a window on a worker is timing, so complete_batch is not asserted here (it is
     # above).
-    assert mine == {"preflight", "pinned_slots", "warm", "fetch_load"}
+    assert mine == {"preflight", "pinned_slots", "warm", "health", "fetch_load"}
     assert {"learn_inflight_hint", "inflight_hint", "share_slots", "fetch_load",
             "batch_limit"} <= theirs

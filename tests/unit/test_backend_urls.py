@@ -182,6 +182,8 @@ async def test_registry_capabilities_per_scheme() -> None:
         s: backend_from_url(f"{s}://h:1").capabilities for s in ("vllm", "sglang", "dynamo", "sim")
     }
     assert all(c.native_json_schema and c.prefix_warming for c in caps.values())
+    # vLLM (and the simulator, which models it) shares a prefix among requests in flight
+    assert [s for s, c in caps.items() if c.prefix_shared_in_flight] == ["vllm", "sim"]
     assert [s for s, c in caps.items() if c.agent_hints] == ["dynamo"]
     assert not caps["dynamo"].batch_prompting
     assert caps["vllm"].batch_prompting and caps["sglang"].batch_prompting
