@@ -6,8 +6,9 @@
         --json benchmarks/results/embedded_tool_roundtrip_shared.json
 
 One ``SimProcess(SimConfig(fixed_ms=...))`` (a separate OS process, so its CPU is not ours)
-serves every run. Runs are interleaved (A B C, A B C, ...) so slow phases of a noisy machine
-hit every system alike; simulator counters are reset (``POST /sim/reset``) before each run.
+serves every run. Runs are interleaved, each round starting one system later (A B C, B C A,
+C A B, ...), so slow phases of a noisy machine, and whatever the first place in a round
+costs, hit every system alike; simulator counters are reset (``POST /sim/reset``) before each run.
 Each system first does one small unrecorded warm-up batch. Per run we record wall seconds,
 ok count, agents/s, model requests seen by the simulator, real tool executions, and the CPU
 seconds of this (client) process, divided by the model requests: CPU ms per agent turn.
@@ -177,7 +178,10 @@ def run_benchmark(workload: Workload, agents: int, runs: int, names: list[str],
                 w = measure(s, sim.url, workload, min(20, agents), timeout_s)
                 log(f"warm-up {s.name}: ok={w['ok']}/{w['agents']} wall={w['wall_s']:.2f}s")
         for i in range(runs):
-            for s in chosen:
+            # each round starts one system later (A B C, B C A, C A B, ...): with the same
+            # code, agentbatch measured 1.13x warm_prefix=False when it ran first in every
+            # round and 1.01x when it ran second, so a fixed order biases the ratios
+            for s in chosen[i % len(chosen):] + chosen[:i % len(chosen)]:
                 rec = {"run": i + 1, **measure(s, sim.url, workload, agents, timeout_s)}
                 results[s.name]["runs"].append(rec)
                 log(f"run {i + 1} {s.name:22s} wall={rec['wall_s']:.3f}s ok={rec['ok']}/{agents}"
