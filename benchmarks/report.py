@@ -74,7 +74,8 @@ def render_embedded(data: dict[str, Any]) -> str:
         shared = med.get("tool_calls_shared")
         rows.append([
             f"{res['label']}", fmt(med["wall_s"], 3), walls,
-            fmt(med["wall_over_critical_path"], 1) + "x", fmt(med["agents_per_s"], 1),
+            "-" if gpu_like else fmt(med["wall_over_critical_path"], 1) + "x",
+            fmt(med["agents_per_s"], 1),
             f"{fmt(med['ok'])}/{data['agents']}", fmt(med["model_requests"]),
             fmt(med["tool_executions"]), fmt(shared) if shared is not None else "-",
             fmt(med["cpu_ms_per_turn"], 2),
