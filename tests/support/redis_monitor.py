@@ -46,7 +46,7 @@ class MonitorRecorder:
 
     def _read(self) -> None:
         client = redis.Redis.from_url(self.url)
-        conn = client.connection_pool.get_connection("MONITOR")
+        conn = client.connection_pool.make_connection()  # its own: MONITOR keeps it
         try:
             conn.send_command("MONITOR")
             conn.read_response()
