@@ -46,8 +46,8 @@ _SELF_HOSTED = BackendCapabilities(
 )
 # vLLM v1 caches a prefix block as it schedules it (``KVCacheManager.allocate_slots``): the
 # first turns of a burst scheduled after the first one find the shared prefix already
-# cached, as the simulator models. SGLang's radix cache takes a prefix in only once it is
-# computed, so a burst there computes it again; it is warmed.
+# cached, as the simulator models. SGLang and Dynamo keep the one-token warm-up: whether
+# they share a prefix among requests in flight was not checked.
 _VLLM = dataclasses.replace(_SELF_HOSTED, prefix_shared_in_flight=True)
 CAPABILITIES: dict[str, BackendCapabilities] = {
     "vllm": _VLLM,
