@@ -35,6 +35,7 @@ from benchmarks.machine import (
     machine_info,
     median,
     ratio,
+    rotated,
     sim_get,
     sim_reset,
     utc_now,
@@ -181,7 +182,7 @@ def run_benchmark(workload: Workload, agents: int, runs: int, names: list[str],
             # each round starts one system later (A B C, B C A, C A B, ...): with the same
             # code, agentbatch measured 1.13x warm_prefix=False when it ran first in every
             # round and 1.01x when it ran second, so a fixed order biases the ratios
-            for s in chosen[i % len(chosen):] + chosen[:i % len(chosen)]:
+            for s in rotated(chosen, i):
                 rec = {"run": i + 1, **measure(s, sim.url, workload, agents, timeout_s)}
                 results[s.name]["runs"].append(rec)
                 log(f"run {i + 1} {s.name:22s} wall={rec['wall_s']:.3f}s ok={rec['ok']}/{agents}"

@@ -135,7 +135,7 @@ from agentbatch.turnloop.json_tool_calling import (
     instructions,
     union_schema,
 )
-from benchmarks.machine import machine_info, median, ratio, utc_now, write_json
+from benchmarks.machine import machine_info, median, ratio, rotated, utc_now, write_json
 from tests.engine.reviews import REVIEWS
 from tests.engine.reviews import TASK as TASK_A
 
@@ -910,8 +910,7 @@ async def amain(args: argparse.Namespace,
                 if not pool:  # (``--pool``: skipped, see ``pool_report``)
                     await run_naive(ctx, workload, args.parallel)
                 for rnd in range(rounds):
-                    order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
-                    for system in order:
+                    for system in rotated(systems, rnd):
                         if rnd >= getattr(args, "system_rounds_map", {}).get(system, rounds):
                             continue  # ``--system-rounds``: this system takes fewer rounds
                         if system == "batch_agent" and (

@@ -11,14 +11,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PACKAGES = ("agentbatch", "batch-agent", "aiohttp", "httpx", "pydantic")
+
+T = TypeVar("T")
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -102,6 +105,13 @@ def median(values: list[float | int | None]) -> float | None:
     if all(isinstance(v, int) for v in clean) and float(mid).is_integer():
         return int(mid)
     return mid
+
+
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """``items`` starting ``by`` places later (round ``by`` of an interleaved benchmark:
+    A B C, B C A, C A B, ...), so no system holds the same place in every round."""
+    k = by % len(items) if items else 0
+    return [*items[k:], *items[:k]]
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
